@@ -1,0 +1,81 @@
+"""The backend protocol: a store of whole entries, addressed by :class:`~arrowstash.entry.Key`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from arrowstash.entry import Encoded, Key, parse_entry
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """Bytes of one entry as read from a backend.
+
+    ``mapped`` says the buffer is a private memory map of a file written atomically; readers then
+    skip hashing its sections, which would touch every page of a value that may be used in part.
+    """
+
+    data: memoryview
+    mapped: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class EntryInfo:
+    """What ``arrowstash ls`` shows of one entry."""
+
+    namespace: str
+    function: str
+    key: str
+    serializer: str
+    size: int
+    created: float
+    expires: float  # 0.0 means never
+    location: str
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A cache store. Implementations raise :class:`~arrowstash.BackendError` on store failures.
+
+    ``set`` receives the encoded value rather than bytes, so that a backend able to stream (the
+    File backend) writes sections straight to their destination; others collect the entry with
+    :func:`~arrowstash.entry.entry_bytes`.
+    """
+
+    #: Reachable by other machines: pickled values need a secret, locks must be distributed.
+    shared: bool
+
+    def get(self, key: Key) -> Stored | None: ...
+
+    def set(self, key: Key, encoded: Encoded, *, created: float, expires: float | None) -> int:
+        """Store the entry; return its size in bytes."""
+
+    def delete(self, key: Key) -> bool: ...
+
+    def clear(self, namespace: str | None = None, function: str | None = None) -> int:
+        """Delete our entries (of one namespace, or one function of it); return how many."""
+
+    def entries(self, namespace: str | None = None) -> Iterator[EntryInfo]: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def lock(self, key: Key, timeout: float) -> AbstractContextManager[bool]:
+        """Hold the stampede lock of ``key`` (True) or give up after ``timeout`` (False)."""
+
+
+def describe(data: Any, location: str) -> EntryInfo:
+    """Summarise a stored entry for listings; raises CorruptEntryError if it is not valid."""
+    entry = parse_entry(data, check_sections=False)
+    return EntryInfo(
+        entry.key.namespace,
+        entry.key.function,
+        entry.key.hex,
+        entry.serializer,
+        entry.header.total,
+        entry.header.created,
+        entry.header.expires,
+        location,
+    )

@@ -1,0 +1,502 @@
+"""``@cache``: the call pipeline (key, L1, backend, compute, store) and its sync and async shells."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import functools
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar, overload
+
+from arrowstash import backends
+from arrowstash.backends.base import Backend
+from arrowstash.entry import Key, parse_entry
+from arrowstash.errors import BackendError, CorruptEntryError, SerializationError
+from arrowstash.keys import KeyMaker
+from arrowstash.l1 import L1, L1Item
+from arrowstash.serializers import AutoSerializer, Serializer, resolve
+
+log = logging.getLogger("arrowstash.cache")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Default:
+    def __repr__(self) -> str:
+        return "<default backend>"
+
+
+#: ``backend=DEFAULT`` (the default) means ``ARROWSTASH_URL`` or the user's cache folder;
+#: ``backend=None`` means L1 only.
+DEFAULT: Any = _Default()
+_MISSING: Any = object()
+_IMMUTABLE = frozenset({int, float, bool, str, bytes, type(None), complex})
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    """Counters of one cached function in this process (``hits`` includes ``l1_hits``)."""
+
+    hits: int
+    misses: int
+    l1_hits: int
+    errors: int
+    bytes_stored: int
+    mean_hit_latency: float  # seconds
+    mean_miss_latency: float
+    l1_entries: int
+
+
+class _Stats:
+    __slots__ = ("hits", "misses", "l1_hits", "errors", "bytes_stored", "hit_time", "miss_time")
+
+    def __init__(self) -> None:
+        self.hits = self.misses = self.l1_hits = self.errors = self.bytes_stored = 0
+        self.hit_time = self.miss_time = 0.0
+
+
+def _immutable(value: Any) -> bool:
+    cls = type(value)
+    if cls is tuple:
+        return all(type(v) in _IMMUTABLE for v in value)
+    return cls in _IMMUTABLE
+
+
+class _Flights:
+    """Per-key locks so that concurrent callers in this process compute a key once."""
+
+    def __init__(self) -> None:
+        self._locks: dict[bytes, list[Any]] = {}  # digest -> [lock, users]
+        self._guard = threading.Lock()
+
+    @contextmanager
+    def hold(self, digest: bytes) -> Iterator[None]:
+        with self._guard:
+            slot = self._locks.setdefault(digest, [threading.Lock(), 0])
+            slot[1] += 1
+        try:
+            with slot[0]:
+                yield
+        finally:
+            with self._guard:
+                slot[1] -= 1
+                if not slot[1]:
+                    del self._locks[digest]
+
+
+class _Core:
+    """Everything a call does, in small stages shared by the sync and async shells."""
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        *,
+        ttl: float | dt.timedelta | None,
+        namespace: str,
+        version: str | int | None,
+        backend: Backend | None,
+        serializer: str | Serializer,
+        l1: bool,
+        l1_max_entries: int,
+        l1_max_bytes: int,
+        key: Callable[..., Any] | None,
+        ignore: Iterable[str],
+        lock: bool,
+        lock_timeout: float,
+        strict: bool,
+    ) -> None:
+        if isinstance(ttl, dt.timedelta):
+            ttl = ttl.total_seconds()
+        if ttl is not None and (not isinstance(ttl, (int, float)) or ttl <= 0):
+            raise ValueError(f"ttl must be a positive number of seconds or None, not {ttl!r}")
+        if not isinstance(namespace, str) or not namespace:
+            raise ValueError(f"namespace must be a non-empty string, not {namespace!r}")
+        if isinstance(ignore, str):
+            ignore = (ignore,)
+        if lock_timeout < 0:
+            raise ValueError(f"lock_timeout must be >= 0, not {lock_timeout!r}")
+        self.func = func
+        self.name = f"{func.__module__}.{func.__qualname__}"
+        self.ttl = ttl
+        self.namespace = namespace
+        self.keys = KeyMaker(func, f"{self.name}\0{namespace}\0{version}\0", ignore, key)
+        self.backend = backends.default_backend() if backend is DEFAULT else backend
+        self.serializer = resolve(serializer)
+        self._decoders = (
+            self.serializer if isinstance(self.serializer, AutoSerializer) else AutoSerializer()
+        )
+        self.l1 = L1(l1_max_entries, l1_max_bytes) if l1 else None
+        self.lock = lock
+        self.lock_timeout = lock_timeout
+        self.strict = strict
+        self.stats = _Stats()
+        self.flights = _Flights()
+        self._warned: set[type] = set()
+
+    # -- stages -----------------------------------------------------------------------------
+
+    def key(self, digest: bytes) -> Key:
+        return Key(self.namespace, self.name, digest)
+
+    def l1_get(self, digest: bytes) -> Any:
+        item = self.l1.get(digest) if self.l1 is not None else None
+        if item is None:
+            return _MISSING
+        return item.value if item.load is None else item.load()
+
+    def backend_get(self, key: Key) -> Any:
+        """The stored value, or _MISSING when absent, expired, unreadable or undecodable."""
+        if self.backend is None:
+            return _MISSING
+        try:
+            stored = self.backend.get(key)
+        except BackendError as exc:
+            self._failed("backend read", exc)
+            return _MISSING
+        if stored is None:
+            return _MISSING
+        try:
+            entry = parse_entry(stored.data, check_sections=not stored.mapped)
+            if entry.key != key:
+                raise CorruptEntryError("entry belongs to another key")
+            if entry.header.expired(time.time()):
+                return _MISSING
+            value = self._decoder(entry.serializer).decode(entry.meta, entry.sections)
+        except (CorruptEntryError, SerializationError) as exc:
+            self.stats.errors += 1
+            log.warning(
+                "unreadable cache entry of %s (%s); recomputing", self.name, exc,
+                extra={"function": self.name, "key_hash": key.hex[:12], "event": "corrupt_entry"},
+            )
+            return _MISSING
+        if self.l1 is not None and not stored.mapped:
+            self._l1_put(key.digest, value, entry.serializer, entry.meta, entry.sections,
+                         entry.header.expires)
+        return value
+
+    def store(self, key: Key, value: Any) -> None:
+        created = time.time()
+        expires = created + self.ttl if self.ttl is not None else 0.0
+        try:
+            encoded = self.serializer.encode(value)
+            if self.backend is not None:
+                self.stats.bytes_stored += self.backend.set(
+                    key, encoded, created=created, expires=expires or None
+                )
+        except SerializationError as exc:
+            if self.strict:
+                raise
+            self.stats.errors += 1
+            if type(value) not in self._warned:
+                self._warned.add(type(value))
+                log.warning(
+                    "%s: result not cached: %s", self.name, exc,
+                    extra={"function": self.name, "event": "serialize_error"},
+                )
+            return
+        except BackendError as exc:
+            self._failed("backend write", exc)
+            return
+        if self.l1 is not None:
+            self._l1_put(key.digest, value, encoded.serializer, encoded.meta, encoded.sections,
+                         expires)
+
+    def _l1_put(self, digest: bytes, value: Any, serializer: str, meta: Any,
+                sections: list[Any], expires: float) -> None:
+        assert self.l1 is not None
+        if _immutable(value):
+            self.l1.put(digest, L1Item(expires, 64, value, None))
+        elif not any(callable(s) for s in sections):  # streamed sections are not kept in memory
+            size = sum(memoryview(s).nbytes for s in sections) + 64
+            if size <= self.l1.max_bytes:
+                copies = [memoryview(bytes(s)) for s in sections]
+                load = functools.partial(self._decoder(serializer).decode, meta, copies)
+                self.l1.put(digest, L1Item(expires, size, None, load))
+
+    def _decoder(self, name: str) -> Serializer:
+        return self.serializer if name == self.serializer.name else self._decoders.member(name)
+
+    def _failed(self, what: str, exc: BackendError) -> None:
+        if self.strict:
+            raise exc
+        self.stats.errors += 1
+        log.warning(
+            "%s: %s failed: %s", self.name, what, exc,
+            extra={"function": self.name, "event": what.replace(" ", "_") + "_error"},
+        )
+
+    def cross_process_lock(self, key: Key) -> Any:
+        if self.backend is None or not self.lock:
+            return None
+        return self.backend.lock(key, self.lock_timeout)
+
+    def record_hit(self, started: float, layer_l1: bool) -> None:
+        stats = self.stats
+        stats.hits += 1
+        stats.l1_hits += layer_l1
+        stats.hit_time += time.perf_counter() - started
+
+    def record_miss(self, started: float) -> None:
+        self.stats.misses += 1
+        self.stats.miss_time += time.perf_counter() - started
+
+    def info(self) -> CacheInfo:
+        s = self.stats
+        return CacheInfo(
+            s.hits, s.misses, s.l1_hits, s.errors, s.bytes_stored,
+            s.hit_time / s.hits if s.hits else 0.0,
+            s.miss_time / s.misses if s.misses else 0.0,
+            len(self.l1) if self.l1 is not None else 0,
+        )
+
+    def clear(self) -> int:
+        if self.l1 is not None:
+            self.l1.clear()
+        if self.backend is None:
+            return 0
+        return self.backend.clear(self.namespace, self.name)
+
+    def forget(self, digest: bytes) -> bool:
+        if self.l1 is not None:
+            self.l1.pop(digest)
+        return self.backend.delete(self.key(digest)) if self.backend is not None else False
+
+
+class CachedFunction:
+    """A cached function: call it like the original; the methods below manage its entries."""
+
+    def __init__(self, core: _Core) -> None:
+        self._core = core
+        self.uncached = core.func
+        functools.update_wrapper(self, core.func)
+
+    def __repr__(self) -> str:
+        return f"<cached {self._core.name} backend={self._core.backend!r}>"
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return self
+        return _Bound(self, obj)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        core = self._core
+        started = time.perf_counter()
+        digest = core.keys(args, kwargs)
+        l1 = core.l1
+        if l1 is not None:  # the L1 hit, inlined: it is the path that must cost a microsecond
+            item = l1.get(digest)
+            if item is not None:
+                value = item.value if item.load is None else item.load()
+                stats = core.stats
+                stats.hits += 1
+                stats.l1_hits += 1
+                stats.hit_time += time.perf_counter() - started
+                return value
+        key = core.key(digest)
+        value = core.backend_get(key)
+        if value is not _MISSING:
+            core.record_hit(started, False)
+            return value
+        with core.flights.hold(digest):
+            value = self._lookup(key)  # another thread may have stored it while we waited
+            if value is not _MISSING:
+                core.record_hit(started, False)
+                return value
+            lock = core.cross_process_lock(key)
+            if lock is None:
+                return self._compute(key, args, kwargs, started)
+            with lock:
+                value = core.backend_get(key)  # another process may have stored it meanwhile
+                if value is not _MISSING:
+                    core.record_hit(started, False)
+                    return value
+                return self._compute(key, args, kwargs, started)
+
+    def _lookup(self, key: Key) -> Any:
+        value = self._core.l1_get(key.digest)
+        return value if value is not _MISSING else self._core.backend_get(key)
+
+    def _compute(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 started: float) -> Any:
+        value = self._core.func(*args, **kwargs)
+        self._core.store(key, value)
+        self._core.record_miss(started)
+        return value
+
+    def cache_key(self, *args: Any, **kwargs: Any) -> Key:
+        """The key a call with these arguments uses."""
+        return self._core.key(self._core.keys(args, kwargs))
+
+    def cache_info(self) -> CacheInfo:
+        return self._core.info()
+
+    def cache_clear(self) -> int:
+        """Delete this function's entries (every version) from L1 and the backend."""
+        return self._core.clear()
+
+    def invalidate(self, *args: Any, **kwargs: Any) -> bool:
+        """Delete the entry of one call; return whether the backend held it."""
+        return self._core.forget(self._core.keys(args, kwargs))
+
+    def refresh(self, *args: Any, **kwargs: Any) -> Any:
+        """Recompute one call, store the result and return it."""
+        key = self.cache_key(*args, **kwargs)
+        value = self._core.func(*args, **kwargs)
+        self._core.store(key, value)
+        return value
+
+
+class AsyncCachedFunction(CachedFunction):
+    """The async shell: the same stages, with backend I/O and waits run off the event loop."""
+
+    def __init__(self, core: _Core) -> None:
+        super().__init__(core)
+        self._flights: dict[bytes, asyncio.Future[None]] = {}
+        if hasattr(inspect, "markcoroutinefunction"):  # Python 3.12+
+            inspect.markcoroutinefunction(self)  # type: ignore[arg-type]
+        else:
+            self._is_coroutine = asyncio.coroutines._is_coroutine  # type: ignore[attr-defined]
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        core = self._core
+        started = time.perf_counter()
+        digest = core.keys(args, kwargs)
+        value = core.l1_get(digest)
+        if value is not _MISSING:
+            core.record_hit(started, True)
+            return value
+        key = core.key(digest)
+        while True:
+            value = await asyncio.to_thread(self._lookup, key)
+            if value is not _MISSING:
+                core.record_hit(started, False)
+                return value
+            pending = self._flights.get(digest)
+            if pending is None:
+                break
+            await asyncio.shield(pending)  # another task is computing it: wait, then look again
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._flights[digest] = done
+        try:
+            return await self._compute_locked(key, args, kwargs, started)
+        finally:
+            del self._flights[digest]
+            done.set_result(None)
+
+    async def _compute_locked(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any],
+                              started: float) -> Any:
+        core = self._core
+        lock = core.cross_process_lock(key)
+        if lock is not None:
+            await asyncio.to_thread(lock.__enter__)
+        try:
+            if lock is not None:
+                value = await asyncio.to_thread(core.backend_get, key)
+                if value is not _MISSING:
+                    core.record_hit(started, False)
+                    return value
+            value = await core.func(*args, **kwargs)
+            await asyncio.to_thread(core.store, key, value)
+            core.record_miss(started)
+            return value
+        finally:
+            if lock is not None:
+                await asyncio.to_thread(lock.__exit__, None, None, None)
+
+    async def refresh(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        key = self.cache_key(*args, **kwargs)
+        value = await self._core.func(*args, **kwargs)
+        await asyncio.to_thread(self._core.store, key, value)
+        return value
+
+
+class _Bound:
+    """A cached method bound to its instance: every verb gets the instance as first argument."""
+
+    __slots__ = ("_cached", "_obj")
+
+    def __init__(self, cached: CachedFunction, obj: Any) -> None:
+        self._cached = cached
+        self._obj = obj
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._cached(self._obj, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._cached, name)
+        if name in ("invalidate", "refresh", "cache_key"):
+            return functools.partial(attr, self._obj)
+        return attr
+
+
+@overload
+def cache(func: F, /) -> F: ...
+
+
+@overload
+def cache(
+    *,
+    ttl: float | dt.timedelta | None = ...,
+    namespace: str = ...,
+    version: str | int | None = ...,
+    backend: Backend | None = ...,
+    serializer: str | Serializer = ...,
+    l1: bool = ...,
+    l1_max_entries: int = ...,
+    l1_max_bytes: int = ...,
+    key: Callable[..., Any] | None = ...,
+    ignore: Iterable[str] = ...,
+    lock: bool = ...,
+    lock_timeout: float = ...,
+    strict: bool = ...,
+) -> Callable[[F], F]: ...
+
+
+def cache(
+    func: Any = None,
+    /,
+    *,
+    ttl: float | dt.timedelta | None = None,
+    namespace: str = "default",
+    version: str | int | None = None,
+    backend: Backend | None = DEFAULT,
+    serializer: str | Serializer = "auto",
+    l1: bool = True,
+    l1_max_entries: int = 1024,
+    l1_max_bytes: int = 64 << 20,
+    key: Callable[..., Any] | None = None,
+    ignore: Iterable[str] = (),
+    lock: bool = True,
+    lock_timeout: float = 60.0,
+    strict: bool = False,
+) -> Any:
+    """Cache a function's results by its arguments; see docs/decorator.md.
+
+    ``backend=None`` keeps results in this process only (L1); by default they go to
+    ``ARROWSTASH_URL`` or a File backend in the user's cache folder. ``key=`` replaces the
+    argument encoding by a function of the same arguments; ``ignore=`` leaves parameters out of
+    the key. Results that cannot be serialized are returned uncached (and logged) unless
+    ``strict=True``, which also raises backend failures instead of logging them.
+    """
+    options = dict(
+        ttl=ttl, namespace=namespace, version=version, backend=backend, serializer=serializer,
+        l1=l1, l1_max_entries=l1_max_entries, l1_max_bytes=l1_max_bytes, key=key, ignore=ignore,
+        lock=lock, lock_timeout=lock_timeout, strict=strict,
+    )
+
+    def decorate(f: Any) -> Any:
+        if isinstance(f, (staticmethod, classmethod)):
+            return type(f)(decorate(f.__func__))
+        if not callable(f):
+            raise TypeError(f"@cache needs a function, not {type(f).__qualname__}")
+        core = _Core(f, **options)  # type: ignore[arg-type]
+        shell = AsyncCachedFunction if inspect.iscoroutinefunction(f) else CachedFunction
+        return shell(core)
+
+    return decorate if func is None else decorate(func)

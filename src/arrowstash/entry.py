@@ -1,0 +1,282 @@
+"""The entry format: the same self-describing bytes in every backend (see docs/format.md).
+
+An entry is a fixed 64-byte header, then sections (each starting on a 64-byte boundary), then a
+MessagePack trailer that describes them. The trailer sits at the end so an entry can be streamed
+into its destination section by section; the header is patched once the sizes are known.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgpack
+import xxhash
+
+from arrowstash.errors import CorruptEntryError
+
+MAGIC = b"\x89AST\r\n\x1a\n"
+FORMAT_VERSION = 1
+ALIGN = 64
+HEADER = struct.Struct("<8sHHIQQddQQ")
+assert HEADER.size == ALIGN
+_CHECKSUM_AT = 48  # byte offset of the checksum field inside the header
+
+FLAG_COMPRESSED = 1
+FLAG_ENCRYPTED = 2
+FLAG_SIGNED = 4
+
+_PAD = bytes(ALIGN)
+
+
+class Sink(Protocol):
+    """Where an entry's bytes go: a temporary file, a bytearray for a wire backend."""
+
+    def write(self, data: Any, /) -> Any: ...
+
+    def patch(self, offset: int, data: bytes) -> None:
+        """Overwrite bytes already written (only the header is ever patched)."""
+
+
+#: A section the serializer writes itself, piece by piece, into a file-like object, so that a
+#: large payload is never materialised in memory.
+StreamedSection = Callable[[Any], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """Where an entry lives: the namespace and function it belongs to, and its argument digest."""
+
+    namespace: str
+    function: str
+    digest: bytes
+
+    @property
+    def hex(self) -> str:
+        return self.digest.hex()
+
+
+@dataclass(slots=True)
+class Encoded:
+    """What a serializer produces: a small metadata object and the sections holding the data."""
+
+    serializer: str
+    meta: Any
+    sections: list[Any] = field(default_factory=list)  # buffers or StreamedSection callables
+    flags: int = 0
+
+    @property
+    def in_memory(self) -> bool:
+        return not any(callable(s) for s in self.sections)
+
+    def buffered_size(self) -> int:
+        return sum(memoryview(s).nbytes for s in self.sections if not callable(s))
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    flags: int
+    sections: int
+    total: int
+    trailer_at: int
+    created: float
+    expires: float  # 0.0 means never
+
+    def expired(self, now: float) -> bool:
+        return 0.0 < self.expires <= now
+
+
+@dataclass(slots=True)
+class Entry:
+    """A parsed entry; ``sections`` are views into the buffer it was read from (no copies)."""
+
+    header: Header
+    key: Key
+    serializer: str
+    meta: Any
+    sections: list[memoryview]
+
+
+class _SectionStream:
+    """A write-only file object over the current section, handed to streaming serializers."""
+
+    closed = False
+
+    def __init__(self, writer: _EntryWriter) -> None:
+        self._writer = writer
+
+    def write(self, data: Any) -> int:
+        return self._writer.write_raw(data)
+
+    def writable(self) -> bool:
+        return True
+
+    def flush(self) -> None:
+        pass
+
+    def tell(self) -> int:
+        return self._writer.section_size()
+
+
+class _EntryWriter:
+    def __init__(self, sink: Sink) -> None:
+        self._sink = sink
+        sink.write(_PAD)  # room for the header, patched when the sizes are known
+        self._offset = ALIGN
+        self._section_start = ALIGN
+        self._hasher = xxhash.xxh3_64()
+
+    def tell(self) -> int:
+        return self._offset
+
+    def write_raw(self, data: Any) -> int:
+        view = memoryview(data)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        self._sink.write(view)
+        self._hasher.update(view)
+        self._offset += view.nbytes
+        return view.nbytes
+
+    def section_size(self) -> int:
+        return self._offset - self._section_start
+
+    def pad(self) -> None:
+        gap = -self._offset % ALIGN
+        if gap:
+            self._sink.write(_PAD[:gap])
+            self._offset += gap
+
+    def section(self, source: Any) -> list[int]:
+        self.pad()
+        self._section_start = self._offset
+        self._hasher.reset()
+        if callable(source):
+            source(_SectionStream(self))
+        else:
+            self.write_raw(source)
+        return [self._section_start, self._offset - self._section_start, self._hasher.intdigest()]
+
+
+def write_entry(
+    sink: Sink, key: Key, encoded: Encoded, *, created: float, expires: float | None
+) -> int:
+    """Write ``encoded`` as one entry into ``sink``; return its total size in bytes."""
+    writer = _EntryWriter(sink)
+    table = [writer.section(s) for s in encoded.sections]
+    trailer = msgpack.packb(
+        {
+            "key": key.digest,
+            "ns": key.namespace,
+            "fn": key.function,
+            "ser": encoded.serializer,
+            "meta": encoded.meta,
+            "sec": table,
+        },
+        use_bin_type=True,
+    )
+    writer.pad()
+    trailer_at = writer.tell()
+    sink.write(trailer)
+    total = trailer_at + len(trailer)
+    header = _pack_header(
+        encoded.flags, len(table), total, trailer_at, created, expires or 0.0, checksum=0
+    )
+    checksum = _checksum(header, trailer)
+    sink.patch(0, header[:_CHECKSUM_AT] + struct.pack("<Q", checksum) + header[_CHECKSUM_AT + 8 :])
+    return total
+
+
+def _pack_header(
+    flags: int, count: int, total: int, trailer_at: int, created: float, expires: float,
+    checksum: int,
+) -> bytes:
+    return HEADER.pack(
+        MAGIC, FORMAT_VERSION, flags, count, total, trailer_at, created, expires, checksum, 0
+    )
+
+
+def _checksum(header: bytes | memoryview, trailer: bytes | memoryview) -> int:
+    h = xxhash.xxh3_64()
+    h.update(header[:_CHECKSUM_AT])
+    h.update(header[_CHECKSUM_AT + 8 : ALIGN])
+    h.update(trailer)
+    return h.intdigest()
+
+
+class BytesSink:
+    """Collects an entry in one buffer, for backends that store whole values."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+
+    def write(self, data: Any) -> None:
+        self.buffer += data
+
+    def patch(self, offset: int, data: bytes) -> None:
+        self.buffer[offset : offset + len(data)] = data
+
+
+def entry_bytes(key: Key, encoded: Encoded, *, created: float, expires: float | None) -> bytearray:
+    sink = BytesSink()
+    write_entry(sink, key, encoded, created=created, expires=expires)
+    return sink.buffer
+
+
+def read_header(buffer: Any) -> Header:
+    """Parse and sanity-check the fixed header; raise CorruptEntryError if it is not ours."""
+    view = memoryview(buffer)
+    if view.nbytes < ALIGN:
+        raise CorruptEntryError(f"entry is {view.nbytes} bytes, shorter than its header")
+    magic, version, flags, count, total, trailer_at, created, expires, _, _ = HEADER.unpack_from(
+        view
+    )
+    if magic != MAGIC:
+        raise CorruptEntryError("not an arrowstash entry (bad magic)")
+    if version != FORMAT_VERSION:
+        raise CorruptEntryError(
+            f"entry format version {version} is not supported (this arrowstash reads "
+            f"version {FORMAT_VERSION}; upgrade arrowstash to read it)"
+        )
+    if total != view.nbytes:
+        raise CorruptEntryError(f"entry is truncated or padded: {view.nbytes} bytes of {total}")
+    if not ALIGN <= trailer_at <= total:
+        raise CorruptEntryError(f"trailer offset {trailer_at} is out of bounds")
+    return Header(flags, count, total, trailer_at, created, expires)
+
+
+def parse_entry(buffer: Any, *, check_sections: bool = True) -> Entry:
+    """Validate ``buffer`` and return the entry it holds, its sections as views into it.
+
+    ``check_sections=False`` skips hashing the section data (header, trailer and bounds are always
+    checked); the File backend uses it for memory-mapped reads, where hashing would read every page
+    of a value that was written atomically and may never be touched in full.
+    """
+    view = memoryview(buffer)
+    if view.ndim != 1 or view.format not in ("B", "b", "c"):
+        view = view.cast("B")
+    header = read_header(view)
+    trailer = view[header.trailer_at : header.total]
+    if _checksum(view[:ALIGN], trailer) != struct.unpack_from("<Q", view, _CHECKSUM_AT)[0]:
+        raise CorruptEntryError("header checksum mismatch")
+    try:
+        info = msgpack.unpackb(trailer, raw=False, strict_map_key=False)
+        key = Key(info["ns"], info["fn"], info["key"])
+        table: Sequence[Sequence[int]] = info["sec"]
+        serializer: str = info["ser"]
+        meta = info["meta"]
+    except (ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
+        raise CorruptEntryError(f"unreadable trailer: {exc}") from exc
+    if len(table) != header.sections:
+        raise CorruptEntryError("section table does not match the header")
+    sections = []
+    for index, (offset, length, digest) in enumerate(table):
+        if offset % ALIGN or offset < ALIGN or offset + length > header.trailer_at:
+            raise CorruptEntryError(f"section {index} lies outside the entry")
+        section = view[offset : offset + length]
+        if check_sections and xxhash.xxh3_64_intdigest(section) != digest:
+            raise CorruptEntryError(f"section {index} checksum mismatch")
+        sections.append(section)
+    return Entry(header, key, serializer, meta, sections)
