@@ -1,5 +1,7 @@
 """arrowstash: cache data-science values with as few copies as the hardware allows."""
 
+from typing import Any
+
 from arrowstash.backends import Backend, FileBackend, MemoryBackend
 from arrowstash.decorator import DEFAULT, CachedFunction, CacheInfo, cache
 from arrowstash.entry import Key
@@ -14,8 +16,17 @@ from arrowstash.serializers import Serializer, StandardSerializer
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> Any:
+    if name == "ArrowSerializer":  # imported on first use: pyarrow is slow to import
+        from arrowstash.serializers.arrow import ArrowSerializer
+
+        return ArrowSerializer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 __all__ = [
     "DEFAULT",
+    "ArrowSerializer",
     "ArrowstashError",
     "AvroDecodeError",
     "Backend",

@@ -36,7 +36,7 @@ def _numpy(hasher: Any, array: Any) -> None:
         return
     contiguous = np.ascontiguousarray(array)
     hasher.tag(b"A", f"{array.dtype.str}|{array.shape}".encode())
-    hasher.h.update(memoryview(contiguous).cast("B"))
+    hasher.h.update(contiguous.data.cast("B"))
 
 
 def _pandas(hasher: Any, obj: Any) -> None:

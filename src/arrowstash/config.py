@@ -1,6 +1,8 @@
 """The one place where arrowstash reads its environment.
 
 - ``ARROWSTASH_URL``: the default backend (``file:///path``, ``memory://``, ...).
+- ``ARROWSTASH_ARROW_COMPRESSION``: "zstd", "lz4" or "none", overriding the per-backend default
+  compression of frames.
 - ``XDG_CACHE_HOME`` (or the platform's equivalent): where the default File backend lives.
 """
 
@@ -23,3 +25,15 @@ def default_cache_dir() -> Path:
     else:
         base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "arrowstash"
+
+
+def arrow_compression(default: str | None) -> str | None:
+    raw = os.environ.get("ARROWSTASH_ARROW_COMPRESSION", "").strip()
+    if not raw:
+        return default
+    value = raw.lower()
+    if value in ("none", "off", "uncompressed"):
+        return None
+    if value in ("zstd", "lz4"):
+        return value
+    raise ValueError(f"ARROWSTASH_ARROW_COMPRESSION={raw!r}: expected zstd, lz4 or none")

@@ -1,4 +1,4 @@
-"""``@cache``: the call pipeline (key, L1, backend, compute, store) and its sync and async shells."""
+"""``@cache``: the call pipeline (key, L1, backend, compute, store), its sync and async shells."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from typing import Any, TypeVar, overload
 
 from arrowstash import backends
 from arrowstash.backends.base import Backend
-from arrowstash.entry import Key, parse_entry
+from arrowstash.entry import Key, materialize, parse_entry
 from arrowstash.errors import BackendError, CorruptEntryError, SerializationError
 from arrowstash.keys import KeyMaker
 from arrowstash.l1 import L1, L1Item
-from arrowstash.serializers import AutoSerializer, Serializer, resolve
+from arrowstash.serializers import AutoSerializer, Serializer, for_backend, resolve
 
 log = logging.getLogger("arrowstash.cache")
 
@@ -54,7 +54,7 @@ class CacheInfo:
 
 
 class _Stats:
-    __slots__ = ("hits", "misses", "l1_hits", "errors", "bytes_stored", "hit_time", "miss_time")
+    __slots__ = ("bytes_stored", "errors", "hit_time", "hits", "l1_hits", "miss_time", "misses")
 
     def __init__(self) -> None:
         self.hits = self.misses = self.l1_hits = self.errors = self.bytes_stored = 0
@@ -127,9 +127,11 @@ class _Core:
         self.namespace = namespace
         self.keys = KeyMaker(func, f"{self.name}\0{namespace}\0{version}\0", ignore, key)
         self.backend = backends.default_backend() if backend is DEFAULT else backend
-        self.serializer = resolve(serializer)
+        self.serializer = for_backend(resolve(serializer), self.backend)
         self._decoders = (
-            self.serializer if isinstance(self.serializer, AutoSerializer) else AutoSerializer()
+            self.serializer
+            if isinstance(self.serializer, AutoSerializer)
+            else AutoSerializer(self.backend)
         )
         self.l1 = L1(l1_max_entries, l1_max_bytes) if l1 else None
         self.lock = lock
@@ -185,6 +187,8 @@ class _Core:
         expires = created + self.ttl if self.ttl is not None else 0.0
         try:
             encoded = self.serializer.encode(value)
+            if self.backend is None and self.l1 is not None:
+                encoded = materialize(encoded)  # L1 is the only store: it needs the bytes
             if self.backend is not None:
                 self.stats.bytes_stored += self.backend.set(
                     key, encoded, created=created, expires=expires or None
@@ -359,7 +363,7 @@ class AsyncCachedFunction(CachedFunction):
         super().__init__(core)
         self._flights: dict[bytes, asyncio.Future[None]] = {}
         if hasattr(inspect, "markcoroutinefunction"):  # Python 3.12+
-            inspect.markcoroutinefunction(self)  # type: ignore[arg-type]
+            inspect.markcoroutinefunction(self)
         else:
             self._is_coroutine = asyncio.coroutines._is_coroutine  # type: ignore[attr-defined]
 
@@ -409,7 +413,7 @@ class AsyncCachedFunction(CachedFunction):
             if lock is not None:
                 await asyncio.to_thread(lock.__exit__, None, None, None)
 
-    async def refresh(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    async def refresh(self, *args: Any, **kwargs: Any) -> Any:
         key = self.cache_key(*args, **kwargs)
         value = await self._core.func(*args, **kwargs)
         await asyncio.to_thread(self._core.store, key, value)

@@ -7,6 +7,7 @@ into its destination section by section; the header is patched once the sizes ar
 
 from __future__ import annotations
 
+import io
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -223,6 +224,20 @@ def entry_bytes(key: Key, encoded: Encoded, *, created: float, expires: float | 
     sink = BytesSink()
     write_entry(sink, key, encoded, created=created, expires=expires)
     return sink.buffer
+
+
+def materialize(encoded: Encoded) -> Encoded:
+    """``encoded`` with its streamed sections run into memory."""
+    if encoded.in_memory:
+        return encoded
+    sections = []
+    for section in encoded.sections:
+        if callable(section):
+            out = io.BytesIO()
+            section(out)
+            section = out.getbuffer()
+        sections.append(section)
+    return Encoded(encoded.serializer, encoded.meta, sections, encoded.flags)
 
 
 def read_header(buffer: Any) -> Header:

@@ -39,7 +39,7 @@ class _Hasher:
         self.h.update(tag + _Q.pack(len(data)))
         self.h.update(data)
 
-    def value(self, obj: Any) -> None:  # noqa: C901 - one flat dispatch is the clearest form
+    def value(self, obj: Any) -> None:
         cls = type(obj)
         if obj is None:
             self.tag(b"N")
@@ -115,6 +115,12 @@ class _Hasher:
 _FAST = frozenset({int, str, float, bool, bytes, type(None)})
 
 
+def _memoisable(value: Any) -> bool:
+    """Plain scalars whose equality is identity of content: ``-0.0 == 0.0`` (and they hash alike)
+    but they are different arguments, so zero floats are never memoised."""
+    return type(value) in _FAST and not (type(value) is float and value == 0.0)
+
+
 class KeyMaker:
     """Turns ``(args, kwargs)`` of one function into a 16-byte digest.
 
@@ -158,7 +164,7 @@ class KeyMaker:
             # are part of the memo key, so this call's arguments are plain scalars too.
             return digest
         digest = self._digest(args, kwargs)
-        if all(type(a) in _FAST for a in args) and all(type(a) in _FAST for a in kwargs.values()):
+        if all(map(_memoisable, args)) and all(map(_memoisable, kwargs.values())):
             if len(self._memo) >= self._memo_size:
                 self._memo.pop(next(iter(self._memo)))
             self._memo[memo_key] = digest

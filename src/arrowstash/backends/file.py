@@ -61,6 +61,8 @@ class FileBackend:
     """
 
     shared = False
+    #: Frames stay uncompressed on a local disk, so that hits are zero-copy memory maps.
+    arrow_compression: str | None = None
 
     def __init__(
         self,

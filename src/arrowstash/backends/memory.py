@@ -13,9 +13,10 @@ from arrowstash.entry import Encoded, Key, entry_bytes
 
 
 class MemoryBackend:
-    """Entries kept as bytes in this process, with expiry. Not bounded: use L1 for a bounded cache."""
+    """Entries kept as bytes in this process, with expiry. Unbounded: L1 is the bounded one."""
 
     shared = False
+    arrow_compression: str | None = None  # nothing to save: the bytes never leave the process
 
     def __init__(self) -> None:
         self._data: dict[Key, tuple[bytes, float]] = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -10,14 +11,47 @@ from arrowstash.errors import SerializationError
 from arrowstash.serializers.base import Serializer
 from arrowstash.serializers.standard import StandardSerializer
 
-__all__ = ["AutoSerializer", "Serializer", "StandardSerializer", "resolve"]
+__all__ = ["ArrowSerializer", "AutoSerializer", "Serializer", "StandardSerializer", "resolve"]
 
-#: Serializers by the name recorded in entries.
-REGISTRY: dict[str, Callable[[], Serializer]] = {"standard": StandardSerializer}
+
+def _arrow() -> Serializer:
+    from arrowstash.serializers.arrow import ArrowSerializer
+
+    return ArrowSerializer()
+
+
+def _is_frame(value: Any) -> bool:
+    cls = type(value)
+    module = cls.__module__.partition(".")[0]
+    if module == "pandas":
+        return isinstance(value, sys.modules["pandas"].DataFrame)
+    if module == "polars":
+        return cls.__name__ in ("DataFrame", "LazyFrame")
+    if module == "pyarrow":
+        return cls.__name__ in ("Table", "RecordBatch")
+    return hasattr(value, "__arrow_c_stream__")
+
+
+#: Serializers by the name recorded in entries; factories, so pyarrow loads only when used.
+REGISTRY: dict[str, Callable[[], Serializer]] = {"standard": StandardSerializer, "arrow": _arrow}
 
 #: How "auto" chooses: the first rule whose test accepts the value names its serializer.
-AUTO_RULES: list[tuple[Callable[[Any], bool], str]] = []
+AUTO_RULES: list[tuple[Callable[[Any], bool], str]] = [(_is_frame, "arrow")]
 AUTO_FALLBACK = "standard"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ArrowSerializer":
+        from arrowstash.serializers.arrow import ArrowSerializer
+
+        return ArrowSerializer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def for_backend(serializer: Serializer, backend: Any) -> Serializer:
+    """Let a serializer adapt its defaults to the backend (e.g. compression)."""
+    adapt = getattr(serializer, "for_backend", None)
+    return adapt(backend) if adapt is not None else serializer
 
 
 class AutoSerializer:
@@ -25,8 +59,12 @@ class AutoSerializer:
 
     name = "auto"
 
-    def __init__(self) -> None:
+    def __init__(self, backend: Any = None) -> None:
         self._members: dict[str, Serializer] = {}
+        self._backend = backend
+
+    def for_backend(self, backend: Any) -> AutoSerializer:
+        return AutoSerializer(backend)
 
     def member(self, name: str) -> Serializer:
         serializer = self._members.get(name)
@@ -37,7 +75,7 @@ class AutoSerializer:
                 raise SerializationError(
                     f"entry written by serializer {name!r}, which this arrowstash does not have"
                 ) from None
-            serializer = self._members[name] = factory()
+            serializer = self._members[name] = for_backend(factory(), self._backend)
         return serializer
 
     def choose(self, value: Any) -> Serializer:

@@ -17,7 +17,8 @@ class Serializer(Protocol):
     keep them rather than copy when the value can share their memory.
     """
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def encode(self, value: Any) -> Encoded: ...
 

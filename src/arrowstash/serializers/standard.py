@@ -71,7 +71,7 @@ class StandardSerializer:
 
     def pack(self, value: Any) -> bytes:
         try:
-            return self._packer.pack(value)
+            return bytes(self._packer.pack(value))
         except (TypeError, ValueError, OverflowError) as exc:  # SerializationError included
             self._packer.reset()
             path = _find_unsupported(value, "value") or "value"
@@ -122,7 +122,10 @@ class StandardSerializer:
 
     def _sub(self, value: Any) -> bytes:
         # A fresh packer: the outer one is in the middle of a value.
-        return msgpack.packb(value, use_bin_type=True, strict_types=True, default=self._default)
+        packed: bytes = msgpack.packb(
+            value, use_bin_type=True, strict_types=True, default=self._default
+        )
+        return packed
 
 
 def _unpack(data: Any) -> Any:
@@ -139,13 +142,14 @@ def _ext_hook(code: int, data: bytes) -> Any:
     if code == _FROZENSET:
         return frozenset(_unpack(data))
     if code == _DATETIME:
-        *parts, fold, tz = _unpack(data)
-        return dt.datetime(*parts, tzinfo=_tz_from_state(tz), fold=fold)
+        year, month, day, hour, minute, second, micro, fold, tz = _unpack(data)
+        return dt.datetime(year, month, day, hour, minute, second, micro,
+                           tzinfo=_tz_from_state(tz), fold=fold)
     if code == _DATE:
         return dt.date.fromordinal(struct.unpack("<i", data)[0])
     if code == _TIME:
-        *parts, fold, tz = _unpack(data)
-        return dt.time(*parts, tzinfo=_tz_from_state(tz), fold=fold)
+        hour, minute, second, micro, fold, tz = _unpack(data)
+        return dt.time(hour, minute, second, micro, tzinfo=_tz_from_state(tz), fold=fold)
     if code == _TIMEDELTA:
         days, seconds, micros = _TD.unpack(data)
         return dt.timedelta(days=days, seconds=seconds, microseconds=micros)
@@ -175,7 +179,11 @@ def _find_unsupported(value: Any, path: str) -> str | None:
     elif cls is set or cls is frozenset:
         parts = ((f"{path} item {v!r}", v) for v in value)
     elif cls is dict:
-        parts = (p for k, v in value.items() for p in ((f"{path} key {k!r}", k), (f"{path}[{k!r}]", v)))
+        parts = (
+            part
+            for k, v in value.items()
+            for part in ((f"{path} key {k!r}", k), (f"{path}[{k!r}]", v))
+        )
     else:
         return None if _supported_leaf(value) else path
     for label, part in parts:
@@ -192,4 +200,8 @@ def _supported_leaf(value: Any) -> bool:
         return tz is None or isinstance(tz, (zoneinfo.ZoneInfo, dt.timezone))
     if cls in _PLAIN:
         return True
-    return cls.__module__ == "numpy" and getattr(value, "ndim", None) == 0 and not value.dtype.hasobject
+    return (
+        cls.__module__ == "numpy"
+        and getattr(value, "ndim", None) == 0
+        and not value.dtype.hasobject
+    )

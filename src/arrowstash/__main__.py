@@ -1,0 +1,5 @@
+import sys
+
+from arrowstash.cli import main
+
+sys.exit(main())

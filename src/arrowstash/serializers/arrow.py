@@ -1,0 +1,423 @@
+"""Frames (pandas, polars, Arrow, dicts of columns) as one Arrow IPC stream section.
+
+The stream is written record batch by record batch into the entry's destination, so storing a
+frame never holds a second copy of it. Reading an uncompressed entry from a memory map is
+zero-copy: the returned Arrow buffers point into the map.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pyarrow as pa
+
+from arrowstash import config
+from arrowstash.entry import FLAG_COMPRESSED, Encoded
+from arrowstash.errors import CorruptEntryError, SerializationError
+from arrowstash.serializers.standard import StandardSerializer
+
+RETURN_FORMATS = ("auto", "pandas", "polars", "arrow")
+COMPRESSIONS = ("zstd", "lz4", None)
+_DEFAULT: Any = "default"
+_labels = StandardSerializer()  # encodes pandas column labels and names exactly
+
+
+@dataclass(slots=True)
+class _Source:
+    """A value seen as Arrow: its schema, its batches (made lazily) and how to rebuild it."""
+
+    kind: str
+    schema: pa.Schema
+    batches: Callable[[], Iterator[pa.RecordBatch]]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ArrowSerializer:
+    """Arrow IPC for frames.
+
+    ``return_format="auto"`` gives back the type that was stored; "pandas", "polars" or "arrow"
+    convert. ``compression`` is "zstd", "lz4" or None; by default the backend chooses (None on
+    the local File backend, for zero-copy hits) unless ``ARROWSTASH_ARROW_COMPRESSION`` is set.
+    Batches of about ``batch_bytes`` bound the memory a store needs beyond the frame itself
+    where a copy is made anyway (compression, conversion of object columns); otherwise columns
+    are written whole, so that an uncompressed hit is one chunk per column and converts to
+    pandas or polars without concatenating.
+    """
+
+    return_format: str = "auto"
+    compression: str | None = _DEFAULT
+    compression_level: int | None = None
+    batch_bytes: int = 8 << 20
+    name: str = field(default="arrow", init=False)
+
+    def __post_init__(self) -> None:
+        if self.return_format not in RETURN_FORMATS:
+            raise ValueError(
+                f"return_format must be one of {RETURN_FORMATS}, not {self.return_format!r}"
+            )
+        if self.compression is not _DEFAULT and self.compression not in COMPRESSIONS:
+            raise ValueError(
+                f"compression must be one of {COMPRESSIONS}, not {self.compression!r}"
+            )
+        if self.batch_bytes < 1:
+            raise ValueError(f"batch_bytes must be positive, not {self.batch_bytes!r}")
+
+    def for_backend(self, backend: Any) -> ArrowSerializer:
+        """This serializer with the default compression resolved for ``backend``."""
+        if self.compression is not _DEFAULT:
+            return self
+        return replace(self, compression=self._default_codec(backend))
+
+    @staticmethod
+    def _default_codec(backend: Any) -> str | None:
+        return config.arrow_compression(getattr(backend, "arrow_compression", "zstd"))
+
+    @property
+    def _codec(self) -> str | None:
+        return self._default_codec(None) if self.compression is _DEFAULT else self.compression
+
+    # -- encode -----------------------------------------------------------------------------
+
+    def encode(self, value: Any) -> Encoded:
+        codec = self._codec
+        source = _source(value, self.batch_bytes, split=codec is not None)
+        options = pa.ipc.IpcWriteOptions(
+            compression=pa.Codec(codec, self.compression_level) if codec else None,
+            use_threads=True,
+        )
+
+        def write(sink: Any) -> None:
+            with pa.ipc.new_stream(sink, source.schema, options=options) as writer:
+                for batch in source.batches():
+                    writer.write_batch(batch)
+
+        meta = {"kind": source.kind, **source.meta}
+        return Encoded(self.name, meta, [write], FLAG_COMPRESSED if codec else 0)
+
+    def serialize(self, value: Any) -> bytes:
+        """The value's Arrow IPC stream as bytes (for use outside a cache)."""
+        sink = pa.BufferOutputStream()
+        self.encode(value).sections[0](sink)
+        return bytes(sink.getvalue())
+
+    # -- decode -----------------------------------------------------------------------------
+
+    def decode(self, meta: Any, sections: Sequence[memoryview]) -> Any:
+        try:
+            table = pa.ipc.open_stream(pa.py_buffer(sections[0])).read_all()
+        except (pa.ArrowException, OSError) as exc:
+            raise CorruptEntryError(f"unreadable Arrow IPC stream: {exc}") from exc
+        kind = meta["kind"]
+        target = self.return_format
+        if target == "auto":
+            target = kind
+        if target in ("arrow", "stream"):
+            return table
+        if target == "batch":
+            return table.to_batches()[0] if table.num_rows else table.schema.empty_table()
+        if target in ("polars", "polars-lazy"):
+            frame = _polars().from_arrow(table, rechunk=False)
+            return frame.lazy() if target == "polars-lazy" else frame
+        if target == "pandas":
+            return _to_pandas(table, meta if kind == "pandas" else {}, sections[0])
+        if target == "columns":
+            return _to_columns(table, meta["columns"])
+        raise CorruptEntryError(f"unknown frame kind {kind!r} in entry")
+
+
+def _polars() -> Any:
+    try:
+        import polars
+    except ImportError:
+        raise SerializationError(
+            "polars not installed (pip install 'arrowstash[polars]')"
+        ) from None
+    return polars
+
+
+# -- values to Arrow --------------------------------------------------------------------------
+
+
+def _source(value: Any, batch_bytes: int, split: bool) -> _Source:
+    cls = type(value)
+    module = cls.__module__.partition(".")[0]
+    if module == "pandas" and isinstance(value, sys.modules["pandas"].DataFrame):
+        return _from_pandas(value, batch_bytes, split)
+    limit = batch_bytes if split else None
+    if isinstance(value, pa.Table):
+        return _table_source("arrow", value, limit)
+    if isinstance(value, pa.RecordBatch):
+        return _Source("batch", value.schema, lambda: iter([value]))
+    if isinstance(value, dict):
+        return _from_columns(value, limit)
+    if module == "polars" and cls.__name__ == "LazyFrame":
+        return replace(_stream_source("polars", value.collect(), limit), kind="polars-lazy")
+    if module == "polars" and cls.__name__ == "DataFrame":
+        return _stream_source("polars", value, limit)
+    if hasattr(value, "__arrow_c_stream__"):
+        return _stream_source("stream", value, limit)
+    raise SerializationError(
+        f"ArrowSerializer stores frames (pandas, polars, Arrow tables, dicts of columns), "
+        f"not {cls.__module__}.{cls.__qualname__}"
+    )
+
+
+def _rows_per_batch(nbytes: int, rows: int, batch_bytes: int) -> int:
+    return max(1, int(batch_bytes * rows / nbytes)) if nbytes and rows else max(rows, 1)
+
+
+def _rebatch(
+    batches: Iterator[pa.RecordBatch], batch_bytes: int | None
+) -> Iterator[pa.RecordBatch]:
+    """Slice (without copying) batches much larger than ``batch_bytes``."""
+    if batch_bytes is None:
+        yield from batches
+        return
+    for batch in batches:
+        step = _rows_per_batch(batch.nbytes, batch.num_rows, batch_bytes)
+        if batch.num_rows <= step * 1.5:
+            yield batch
+        else:
+            for start in range(0, batch.num_rows, step):
+                yield batch.slice(start, step)
+
+
+def _table_source(kind: str, table: pa.Table, batch_bytes: int | None) -> _Source:
+    return _Source(kind, table.schema, lambda: _rebatch(iter(table.to_batches()), batch_bytes))
+
+
+def _stream_source(kind: str, value: Any, batch_bytes: int | None) -> _Source:
+    reader = pa.RecordBatchReader.from_stream(value)
+    used = False
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        nonlocal used
+        if used:  # a stream can be read once; a retry must not silently write nothing
+            raise SerializationError("this Arrow stream was already consumed")
+        used = True
+        return _rebatch(iter(reader), batch_bytes)
+
+    return _Source(kind, reader.schema, batches)
+
+
+_ACCEPTED = "a list, tuple, NumPy array, pandas Series, pyarrow array or typed memoryview"
+
+
+def _from_columns(columns: dict[Any, Any], batch_bytes: int | None) -> _Source:
+    arrays, kinds = [], []
+    for name, column in columns.items():
+        if not isinstance(name, str):
+            raise SerializationError(f"column names must be str, not {type(name).__qualname__}")
+        kind, array = _column(name, column)
+        arrays.append(array)
+        kinds.append(kind)
+    lengths = {len(a) for a in arrays}
+    if len(lengths) > 1:
+        raise SerializationError(f"columns have different lengths: {sorted(lengths)}")
+    table = pa.Table.from_arrays(arrays, names=list(columns))
+    source = _table_source("columns", table, batch_bytes)
+    source.meta["columns"] = kinds
+    return source
+
+
+def _column(name: str, column: Any) -> tuple[str, Any]:
+    cls = type(column)
+    module = cls.__module__.partition(".")[0]
+    try:
+        if cls is list or cls is tuple:
+            return cls.__name__, pa.array(column)
+        if isinstance(column, (pa.Array, pa.ChunkedArray)):
+            return "arrow", column
+        if module == "numpy" and cls.__name__ == "ndarray":
+            if column.ndim != 1:
+                raise SerializationError(f"value for {name!r} is a {column.ndim}-D array, not 1-D")
+            return "numpy", pa.array(column)
+        if module == "pandas" and cls.__name__ == "Series":
+            return "pandas", pa.Array.from_pandas(column)
+        if cls is memoryview:
+            import numpy as np
+
+            return "numpy", pa.array(np.asarray(column).ravel())
+        if hasattr(column, "__arrow_array__") or hasattr(column, "__arrow_c_array__"):
+            return "arrow", pa.array(column)
+    except (pa.ArrowException, ValueError, TypeError) as exc:
+        if isinstance(exc, SerializationError):
+            raise
+        raise SerializationError(f"value for {name!r} cannot be stored as a column: {exc}") from exc
+    raise SerializationError(f"value for {name!r} is {cls.__qualname__}, not {_ACCEPTED}")
+
+
+def _to_columns(table: pa.Table, kinds: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, column, kind in zip(table.column_names, table.columns, kinds, strict=False):
+        if kind == "list":
+            out[name] = column.to_pylist()
+        elif kind == "tuple":
+            out[name] = tuple(column.to_pylist())
+        elif kind == "numpy":
+            out[name] = column.to_numpy()
+        elif kind == "pandas":
+            out[name] = column.to_pandas()
+        else:
+            out[name] = column
+    return out
+
+
+# -- pandas -----------------------------------------------------------------------------------
+
+
+def _from_pandas(df: Any, batch_bytes: int, split: bool) -> _Source:
+    import pandas as pd
+
+    if not df.columns.is_unique:
+        duplicated = sorted({repr(c) for c in df.columns[df.columns.duplicated()]})
+        raise SerializationError(f"duplicate column labels {', '.join(duplicated)}")
+    object_columns = [i for i, dtype in enumerate(df.dtypes) if dtype.kind == "O"]
+    # Arrow wants unique string field names; the real labels travel in the entry's metadata.
+    renamed = df.set_axis([f"c{i}" for i in range(df.shape[1])], axis=1) \
+        if _needs_renaming(df.columns) else df
+    try:
+        schema = pa.Schema.from_pandas(renamed, preserve_index=None)
+    except (pa.ArrowException, ValueError, TypeError) as exc:
+        raise SerializationError(f"{_which_column(df)}: {exc}") from exc
+    columns = df.columns
+    meta: dict[str, Any] = {
+        "labels": _labels.pack(list(columns)),
+        "names": _labels.pack(list(columns.names)),
+        "multi": isinstance(columns, pd.MultiIndex),
+        "dtype": None if isinstance(columns, pd.MultiIndex) else str(columns.dtype),
+        "renamed": renamed is not df,
+        "objects": object_columns,
+    }
+    if object_columns:
+        _check_round_trip(renamed, schema, meta, df)
+    step = len(df)  # numeric and Arrow-backed columns convert without copies: write them whole
+    if split or object_columns:
+        nbytes = int(df.memory_usage(index=True, deep=False).sum())
+        step = _rows_per_batch(nbytes, len(df), batch_bytes)
+
+    # NumPy float columns keep NaN as NaN (Arrow would make it null): exact, and it lets a hit
+    # view the column without filling nulls back in.
+    floats = [(schema.get_field_index(str(renamed.columns[i])), i)
+              for i, dtype in enumerate(renamed.dtypes) if dtype.kind == "f"]
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for start in range(0, max(len(renamed), 1), step):
+            part = renamed.iloc[start : start + step]
+            try:
+                table = pa.Table.from_pandas(part, schema=schema, preserve_index=None)
+            except (pa.ArrowException, ValueError, TypeError) as exc:
+                raise SerializationError(f"{_which_column(df)}: {exc}") from exc
+            for field_index, position in floats:
+                if table.column(field_index).null_count:
+                    values = pa.array(part.iloc[:, position].to_numpy(), from_pandas=False)
+                    table = table.set_column(field_index, schema.field(field_index), values)
+            yield from table.to_batches()
+
+    return _Source("pandas", schema, batches, meta)
+
+
+def _needs_renaming(columns: Any) -> bool:
+    import pandas as pd
+
+    return isinstance(columns, pd.MultiIndex) or not all(type(c) is str for c in columns)
+
+
+def _which_column(df: Any) -> str:
+    """Name the column Arrow cannot convert (its own messages do not always say)."""
+    for position in range(df.shape[1]):
+        try:
+            pa.Array.from_pandas(df.iloc[:, position])
+        except (pa.ArrowException, ValueError, TypeError):
+            return f"column {df.columns[position]!r} (dtype {df.dtypes.iloc[position]})"
+    return "frame"
+
+
+def _check_round_trip(renamed: Any, schema: pa.Schema, meta: dict[str, Any], df: Any) -> None:
+    """Refuse object columns whose values would come back as other types (lists as arrays,
+    mixed objects coerced): a stored frame must read back exactly as it was."""
+    head = renamed.iloc[:50]
+    back = _to_pandas(pa.Table.from_pandas(head, schema=schema, preserve_index=None), meta, None)
+    for position in meta["objects"]:
+        before, after = head.iloc[:, position], back.iloc[:, position]
+        for a, b in zip(before, after, strict=False):
+            if type(a) is not type(b) and not (_is_na(a) and _is_na(b)):
+                raise SerializationError(
+                    f"column {df.columns[position]!r} (dtype object) holds "
+                    f"{type(a).__qualname__} values that would read back as "
+                    f"{type(b).__qualname__}; convert the column to a typed dtype first"
+                )
+
+
+def _is_na(value: Any) -> bool:
+    import pandas as pd
+
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def _to_pandas(table: pa.Table, meta: dict[str, Any], section: memoryview | None) -> Any:
+    import pandas as pd
+
+    df = _writable_frame(table.to_pandas(split_blocks=True), section)
+    if not meta:
+        return df
+    for position in meta["objects"]:
+        df.isetitem(position, df.iloc[:, position].astype(object))
+    labels = _labels.unpack(meta["labels"])
+    names = _labels.unpack(meta["names"])
+    if meta["multi"]:
+        df.columns = pd.MultiIndex.from_tuples(labels, names=names)
+    elif meta["renamed"] or str(df.columns.dtype) != meta["dtype"]:
+        df.columns = pd.Index(labels, dtype=meta["dtype"], name=names[0])
+    return df
+
+
+def _writable_frame(df: Any, section: memoryview | None) -> Any:
+    """Make every column of a frame that Arrow built over ``section`` writable.
+
+    pyarrow hands out read-only NumPy views of its buffers. When the entry is a private
+    (copy-on-write) memory map, a writable view of the same pages costs nothing and writes land
+    in pages private to this result, never in the file or another hit's result; other read-only
+    columns are copied, so a hit is an ordinary frame either way.
+    """
+    import numpy as np
+    import pandas as pd
+
+    base = end = 0
+    if section is not None and not section.readonly:
+        base = pa.py_buffer(section).address
+        end = base + section.nbytes
+    columns = {}
+    for position in range(df.shape[1]):
+        values = df.iloc[:, position].array
+        array = getattr(values, "_ndarray", None)
+        if isinstance(values, pd.arrays.NumpyExtensionArray) and array is not None \
+                and not array.flags.writeable:
+            address = array.__array_interface__["data"][0]
+            if array.flags.c_contiguous and base <= address and address + array.nbytes <= end:
+                assert section is not None  # base == end == 0 otherwise
+                values = np.frombuffer(section, array.dtype, array.size, address - base)
+            else:
+                values = array.copy()
+        elif not _writable(values):
+            values = values.copy()
+        columns[position] = values
+    out = pd.DataFrame(columns, index=df.index, copy=False)
+    out.columns = df.columns
+    return out
+
+
+def _writable(values: Any) -> bool:
+    for name in ("_ndarray", "_codes", "_data"):
+        inner = getattr(values, name, None)
+        flags = getattr(inner, "flags", None)
+        if flags is not None:
+            return bool(flags.writeable)
+    return True
