@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -240,9 +240,11 @@ def materialize(encoded: Encoded) -> Encoded:
     return Encoded(encoded.serializer, encoded.meta, sections, encoded.flags)
 
 
-def read_header(buffer: Any) -> Header:
-    """Parse and sanity-check the fixed header; raise CorruptEntryError if it is not ours."""
+def read_header(buffer: Any, size: int | None = None) -> Header:
+    """Parse and sanity-check the fixed header of an entry of ``size`` bytes (by default the
+    buffer's length); raise CorruptEntryError if it is not ours."""
     view = memoryview(buffer)
+    size = view.nbytes if size is None else size
     if view.nbytes < ALIGN:
         raise CorruptEntryError(f"entry is {view.nbytes} bytes, shorter than its header")
     magic, version, flags, count, total, trailer_at, created, expires, _, _ = HEADER.unpack_from(
@@ -255,11 +257,38 @@ def read_header(buffer: Any) -> Header:
             f"entry format version {version} is not supported (this arrowstash reads "
             f"version {FORMAT_VERSION}; upgrade arrowstash to read it)"
         )
-    if total != view.nbytes:
-        raise CorruptEntryError(f"entry is truncated or padded: {view.nbytes} bytes of {total}")
+    if total != size:
+        raise CorruptEntryError(f"entry is truncated or padded: {size} bytes of {total}")
     if not ALIGN <= trailer_at <= total:
         raise CorruptEntryError(f"trailer offset {trailer_at} is out of bounds")
     return Header(flags, count, total, trailer_at, created, expires)
+
+
+@dataclass(frozen=True, slots=True)
+class Trailer:
+    key: Key
+    serializer: str
+    meta: Any
+    sections: list[tuple[int, int, int]]  # offset, length, xxh3-64
+
+
+def read_trailer(header_bytes: Any, header: Header, trailer: Any) -> Trailer:
+    """Check the checksum over header and trailer, then parse and bounds-check the trailer."""
+    if _checksum(header_bytes, trailer) != struct.unpack_from("<Q", header_bytes, _CHECKSUM_AT)[0]:
+        raise CorruptEntryError("header checksum mismatch")
+    try:
+        info = msgpack.unpackb(trailer, raw=False, strict_map_key=False)
+        key = Key(str(info["ns"]), str(info["fn"]), bytes(info["key"]))
+        table = [(int(o), int(n), int(d)) for o, n, d in info["sec"]]
+        result = Trailer(key, str(info["ser"]), info["meta"], table)
+    except (ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
+        raise CorruptEntryError(f"unreadable trailer: {exc}") from exc
+    if len(table) != header.sections:
+        raise CorruptEntryError("section table does not match the header")
+    for index, (offset, length, _) in enumerate(table):
+        if offset % ALIGN or offset < ALIGN or length < 0 or offset + length > header.trailer_at:
+            raise CorruptEntryError(f"section {index} lies outside the entry")
+    return result
 
 
 def parse_entry(buffer: Any, *, check_sections: bool = True) -> Entry:
@@ -273,25 +302,11 @@ def parse_entry(buffer: Any, *, check_sections: bool = True) -> Entry:
     if view.ndim != 1 or view.format not in ("B", "b", "c"):
         view = view.cast("B")
     header = read_header(view)
-    trailer = view[header.trailer_at : header.total]
-    if _checksum(view[:ALIGN], trailer) != struct.unpack_from("<Q", view, _CHECKSUM_AT)[0]:
-        raise CorruptEntryError("header checksum mismatch")
-    try:
-        info = msgpack.unpackb(trailer, raw=False, strict_map_key=False)
-        key = Key(info["ns"], info["fn"], info["key"])
-        table: Sequence[Sequence[int]] = info["sec"]
-        serializer: str = info["ser"]
-        meta = info["meta"]
-    except (ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
-        raise CorruptEntryError(f"unreadable trailer: {exc}") from exc
-    if len(table) != header.sections:
-        raise CorruptEntryError("section table does not match the header")
+    trailer = read_trailer(view[:ALIGN], header, view[header.trailer_at : header.total])
     sections = []
-    for index, (offset, length, digest) in enumerate(table):
-        if offset % ALIGN or offset < ALIGN or offset + length > header.trailer_at:
-            raise CorruptEntryError(f"section {index} lies outside the entry")
+    for index, (offset, length, digest) in enumerate(trailer.sections):
         section = view[offset : offset + length]
         if check_sections and xxhash.xxh3_64_intdigest(section) != digest:
             raise CorruptEntryError(f"section {index} checksum mismatch")
         sections.append(section)
-    return Entry(header, key, serializer, meta, sections)
+    return Entry(header, trailer.key, trailer.serializer, trailer.meta, sections)

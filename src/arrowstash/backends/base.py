@@ -7,7 +7,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from arrowstash.entry import Encoded, Key, parse_entry
+from arrowstash.entry import ALIGN, Encoded, Key, read_header, read_trailer
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,16 +66,24 @@ class Backend(Protocol):
         """Hold the stampede lock of ``key`` (True) or give up after ``timeout`` (False)."""
 
 
-def describe(data: Any, location: str) -> EntryInfo:
-    """Summarise a stored entry for listings; raises CorruptEntryError if it is not valid."""
-    entry = parse_entry(data, check_sections=False)
+def describe(header_bytes: Any, trailer_bytes: Any, size: int, location: str) -> EntryInfo:
+    """Summarise a stored entry from its header and trailer alone (listings never read data);
+    raises CorruptEntryError if they are not valid."""
+    header = read_header(header_bytes, size)
+    trailer = read_trailer(header_bytes, header, trailer_bytes)
     return EntryInfo(
-        entry.key.namespace,
-        entry.key.function,
-        entry.key.hex,
-        entry.serializer,
-        entry.header.total,
-        entry.header.created,
-        entry.header.expires,
+        trailer.key.namespace,
+        trailer.key.function,
+        trailer.key.hex,
+        trailer.serializer,
+        header.total,
+        header.created,
+        header.expires,
         location,
     )
+
+
+def describe_buffer(data: Any, location: str) -> EntryInfo:
+    view = memoryview(data)
+    header = read_header(view)
+    return describe(view[:ALIGN], view[header.trailer_at :], view.nbytes, location)

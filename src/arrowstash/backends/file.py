@@ -22,7 +22,7 @@ import xxhash
 
 from arrowstash.backends._mmap import map_private
 from arrowstash.backends.base import EntryInfo, Stored, describe
-from arrowstash.entry import ALIGN, Encoded, Key, write_entry
+from arrowstash.entry import ALIGN, Encoded, Key, read_header, write_entry
 from arrowstash.errors import BackendError, CorruptEntryError
 
 SUFFIX = ".ast"
@@ -196,21 +196,21 @@ class FileBackend:
                             yield path
 
     def entries(self, namespace: str | None = None) -> Iterator[EntryInfo]:
-        """Every readable entry; unreadable files are skipped (``arrowstash ls`` counts them)."""
+        """Every readable entry, from its header and trailer; unreadable files are skipped."""
         root = self.directory / _folder_name(namespace) if namespace else self.directory
         for path in self._files(root):
             if not path.endswith(SUFFIX):
                 continue
             try:
-                with open(path, "rb") as f:
-                    data = f.read()
-                yield describe(data, path)
+                yield _describe_file(path)
             except (OSError, CorruptEntryError):
                 continue
 
     def stats(self) -> dict[str, Any]:
         count = size = 0
         for path in self._files(self.directory):
+            if not path.endswith(SUFFIX):
+                continue
             with contextlib.suppress(FileNotFoundError):
                 size += os.stat(path).st_size
                 count += 1
@@ -305,14 +305,23 @@ class FileBackend:
 
 def _read_all(fd: int, size: int) -> bytes:
     data = os.read(fd, size)
-    if len(data) == size:
-        return data
-    parts = [data]
-    while True:
-        chunk = os.read(fd, 1 << 20)
+    while len(data) < size:  # short reads are rare (signals, network file systems)
+        chunk = os.read(fd, size - len(data))
         if not chunk:
-            return b"".join(parts)
-        parts.append(chunk)
+            break  # the entry's own length check reports the truncation
+        data += chunk
+    return data
+
+
+def _describe_file(path: str) -> EntryInfo:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        header = os.pread(fd, ALIGN, 0)
+        trailer_at = read_header(header, size).trailer_at
+        return describe(header, os.pread(fd, size - trailer_at, trailer_at), size, path)
+    finally:
+        os.close(fd)
 
 
 def _fsync_folder(folder: str) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from arrowstash.backends.base import EntryInfo, Stored, describe
+from arrowstash.backends.base import EntryInfo, Stored, describe_buffer
 from arrowstash.entry import Encoded, Key, entry_bytes
 
 
@@ -61,7 +61,7 @@ class MemoryBackend:
     def entries(self, namespace: str | None = None) -> Iterator[EntryInfo]:
         for key, (data, _) in list(self._data.items()):
             if namespace is None or key.namespace == namespace:
-                yield describe(data, f"memory:{key.hex}")
+                yield describe_buffer(data, f"memory:{key.hex}")
 
     def stats(self) -> dict[str, Any]:
         items = list(self._data.values())

@@ -276,7 +276,7 @@ def _from_pandas(df: Any, batch_bytes: int, split: bool) -> _Source:
     if not df.columns.is_unique:
         duplicated = sorted({repr(c) for c in df.columns[df.columns.duplicated()]})
         raise SerializationError(f"duplicate column labels {', '.join(duplicated)}")
-    object_columns = [i for i, dtype in enumerate(df.dtypes) if dtype.kind == "O"]
+    object_columns = [i for i, dtype in enumerate(df.dtypes) if _numpy_kind(dtype) == "O"]
     # Arrow wants unique string field names; the real labels travel in the entry's metadata.
     renamed = df.set_axis([f"c{i}" for i in range(df.shape[1])], axis=1) \
         if _needs_renaming(df.columns) else df
@@ -303,7 +303,7 @@ def _from_pandas(df: Any, batch_bytes: int, split: bool) -> _Source:
     # NumPy float columns keep NaN as NaN (Arrow would make it null): exact, and it lets a hit
     # view the column without filling nulls back in.
     floats = [(schema.get_field_index(str(renamed.columns[i])), i)
-              for i, dtype in enumerate(renamed.dtypes) if dtype.kind == "f"]
+              for i, dtype in enumerate(renamed.dtypes) if _numpy_kind(dtype) == "f"]
 
     def batches() -> Iterator[pa.RecordBatch]:
         for start in range(0, max(len(renamed), 1), step):
@@ -319,6 +319,14 @@ def _from_pandas(df: Any, batch_bytes: int, split: bool) -> _Source:
             yield from table.to_batches()
 
     return _Source("pandas", schema, batches, meta)
+
+
+def _numpy_kind(dtype: Any) -> str | None:
+    """The NumPy kind of a plain NumPy dtype; None for pandas extension dtypes (whose ``kind``
+    mimics NumPy's: "O" for strings, "f" for nullable floats)."""
+    import numpy as np
+
+    return dtype.kind if isinstance(dtype, np.dtype) else None
 
 
 def _needs_renaming(columns: Any) -> bool:
