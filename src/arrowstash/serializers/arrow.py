@@ -373,7 +373,8 @@ def _is_na(value: Any) -> bool:
 def _to_pandas(table: pa.Table, meta: dict[str, Any], section: memoryview | None) -> Any:
     import pandas as pd
 
-    df = _writable_frame(table.to_pandas(split_blocks=True), section)
+    table, owned = _join_numeric_chunks(table)
+    df = _writable_frame(table.to_pandas(split_blocks=True), section, owned)
     if not meta:
         return df
     for position in meta["objects"]:
@@ -387,13 +388,32 @@ def _to_pandas(table: pa.Table, meta: dict[str, Any], section: memoryview | None
     return df
 
 
-def _writable_frame(df: Any, section: memoryview | None) -> Any:
+def _join_numeric_chunks(table: pa.Table) -> tuple[pa.Table, dict[int, Any]]:
+    """Concatenate multi-chunk integer and float columns with NumPy (pyarrow's own pandas
+    conversion does it far more slowly on a cold process) into arrays this result owns."""
+    import numpy as np
+
+    owned: dict[int, Any] = {}
+    columns = []
+    for column in table.columns:
+        t = column.type
+        if column.num_chunks > 1 and not column.null_count and \
+                (pa.types.is_integer(t) or pa.types.is_floating(t)):
+            joined = np.concatenate([chunk.to_numpy() for chunk in column.chunks])
+            owned[joined.__array_interface__["data"][0]] = joined
+            column = pa.chunked_array([pa.array(joined, type=t)])
+        columns.append(column)
+    return (pa.Table.from_arrays(columns, schema=table.schema) if owned else table), owned
+
+
+def _writable_frame(df: Any, section: memoryview | None, owned: dict[int, Any]) -> Any:
     """Make every column of a frame that Arrow built over ``section`` writable.
 
     pyarrow hands out read-only NumPy views of its buffers. When the entry is a private
     (copy-on-write) memory map, a writable view of the same pages costs nothing and writes land
-    in pages private to this result, never in the file or another hit's result; other read-only
-    columns are copied, so a hit is an ordinary frame either way.
+    in pages private to this result, never in the file or another hit's result. Arrays this
+    result already ``owned`` are used as they are; other read-only columns are copied, so a hit
+    is an ordinary frame either way.
     """
     import numpy as np
     import pandas as pd
@@ -409,7 +429,10 @@ def _writable_frame(df: Any, section: memoryview | None) -> Any:
         if isinstance(values, pd.arrays.NumpyExtensionArray) and array is not None \
                 and not array.flags.writeable:
             address = array.__array_interface__["data"][0]
-            if array.flags.c_contiguous and base <= address and address + array.nbytes <= end:
+            mine = owned.get(address)
+            if mine is not None and mine.dtype == array.dtype and mine.size == array.size:
+                values = mine
+            elif array.flags.c_contiguous and base <= address and address + array.nbytes <= end:
                 assert section is not None  # base == end == 0 otherwise
                 values = np.frombuffer(section, array.dtype, array.size, address - base)
             else:
