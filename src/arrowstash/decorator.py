@@ -16,7 +16,7 @@ from typing import Any, TypeVar, overload
 
 from arrowstash import backends
 from arrowstash.backends.base import Backend
-from arrowstash.entry import Key, materialize, parse_entry
+from arrowstash.entry import Entry, Key, materialize, parse_entry
 from arrowstash.errors import BackendError, CorruptEntryError, SerializationError
 from arrowstash.keys import KeyMaker
 from arrowstash.l1 import L1, L1Item
@@ -140,6 +140,7 @@ class _Core:
         self.stats = _Stats()
         self.flights = _Flights()
         self._warned: set[type] = set()
+        self._parsed: dict[Any, Entry] = {}  # validated headers of unchanged stored entries
 
     # -- stages -----------------------------------------------------------------------------
 
@@ -164,9 +165,14 @@ class _Core:
         if stored is None:
             return _MISSING
         try:
-            entry = parse_entry(stored.data, check_sections=not stored.mapped)
+            known = self._parsed.get(stored.fingerprint) if stored.fingerprint else None
+            entry = parse_entry(stored.data, check_sections=not stored.mapped, known=known)
             if entry.key != key:
                 raise CorruptEntryError("entry belongs to another key")
+            if stored.fingerprint and known is None:
+                if len(self._parsed) >= 256:
+                    self._parsed.clear()
+                self._parsed[stored.fingerprint] = entry._replace(sections=[])
             if entry.header.expired(time.time()):
                 return _MISSING
             value = self._decoder(entry.serializer).decode(entry.meta, entry.sections)

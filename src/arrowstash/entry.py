@@ -11,7 +11,7 @@ import io
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import msgpack
 import xxhash
@@ -46,8 +46,7 @@ class Sink(Protocol):
 StreamedSection = Callable[[Any], None]
 
 
-@dataclass(frozen=True, slots=True)
-class Key:
+class Key(NamedTuple):
     """Where an entry lives: the namespace and function it belongs to, and its argument digest."""
 
     namespace: str
@@ -76,8 +75,7 @@ class Encoded:
         return sum(memoryview(s).nbytes for s in self.sections if not callable(s))
 
 
-@dataclass(frozen=True, slots=True)
-class Header:
+class Header(NamedTuple):
     flags: int
     sections: int
     total: int
@@ -89,8 +87,14 @@ class Header:
         return 0.0 < self.expires <= now
 
 
-@dataclass(slots=True)
-class Entry:
+class Trailer(NamedTuple):
+    key: Key
+    serializer: str
+    meta: Any
+    sections: list[list[int]]  # offset, length, xxh3-64
+
+
+class Entry(NamedTuple):
     """A parsed entry; ``sections`` are views into the buffer it was read from (no copies)."""
 
     header: Header
@@ -98,6 +102,7 @@ class Entry:
     serializer: str
     meta: Any
     sections: list[memoryview]
+    trailer: Trailer
 
 
 class _SectionStream:
@@ -264,49 +269,57 @@ def read_header(buffer: Any, size: int | None = None) -> Header:
     return Header(flags, count, total, trailer_at, created, expires)
 
 
-@dataclass(frozen=True, slots=True)
-class Trailer:
-    key: Key
-    serializer: str
-    meta: Any
-    sections: list[tuple[int, int, int]]  # offset, length, xxh3-64
-
-
 def read_trailer(header_bytes: Any, header: Header, trailer: Any) -> Trailer:
     """Check the checksum over header and trailer, then parse and bounds-check the trailer."""
     if _checksum(header_bytes, trailer) != struct.unpack_from("<Q", header_bytes, _CHECKSUM_AT)[0]:
         raise CorruptEntryError("header checksum mismatch")
     try:
         info = msgpack.unpackb(trailer, raw=False, strict_map_key=False)
-        key = Key(str(info["ns"]), str(info["fn"]), bytes(info["key"]))
-        table = [(int(o), int(n), int(d)) for o, n, d in info["sec"]]
-        result = Trailer(key, str(info["ser"]), info["meta"], table)
+        namespace, function, digest = info["ns"], info["fn"], info["key"]
+        serializer, table = info["ser"], info["sec"]
+        meta = info["meta"]
     except (ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
         raise CorruptEntryError(f"unreadable trailer: {exc}") from exc
+    if type(namespace) is not str or type(function) is not str or type(digest) is not bytes \
+            or type(serializer) is not str or type(table) is not list:
+        raise CorruptEntryError("trailer fields have the wrong types")
     if len(table) != header.sections:
         raise CorruptEntryError("section table does not match the header")
-    for index, (offset, length, _) in enumerate(table):
-        if offset % ALIGN or offset < ALIGN or length < 0 or offset + length > header.trailer_at:
+    end = header.trailer_at
+    for index, row in enumerate(table):
+        if type(row) is not list or len(row) != 3 or type(row[0]) is not int \
+                or type(row[1]) is not int or type(row[2]) is not int:
+            raise CorruptEntryError(f"section {index} is described wrongly")
+        offset, length = row[0], row[1]
+        if offset % ALIGN or offset < ALIGN or length < 0 or offset + length > end:
             raise CorruptEntryError(f"section {index} lies outside the entry")
-    return result
+    return Trailer(Key(namespace, function, digest), serializer, meta, table)
 
 
-def parse_entry(buffer: Any, *, check_sections: bool = True) -> Entry:
+def parse_entry(
+    buffer: Any, *, check_sections: bool = True, known: Entry | None = None
+) -> Entry:
     """Validate ``buffer`` and return the entry it holds, its sections as views into it.
 
     ``check_sections=False`` skips hashing the section data (header, trailer and bounds are always
     checked); the File backend uses it for memory-mapped reads, where hashing would read every page
     of a value that was written atomically and may never be touched in full.
+
+    ``known`` is an earlier parse of the same stored file (same inode, size and times): its header
+    and trailer are reused, and only the sections are checked against it.
     """
     view = memoryview(buffer)
     if view.ndim != 1 or view.format not in ("B", "b", "c"):
         view = view.cast("B")
-    header = read_header(view)
-    trailer = read_trailer(view[:ALIGN], header, view[header.trailer_at : header.total])
+    if known is not None and check_sections and known.header.total == view.nbytes:
+        header, trailer = known.header, known.trailer
+    else:
+        header = read_header(view)
+        trailer = read_trailer(view[:ALIGN], header, view[header.trailer_at : header.total])
     sections = []
     for index, (offset, length, digest) in enumerate(trailer.sections):
         section = view[offset : offset + length]
         if check_sections and xxhash.xxh3_64_intdigest(section) != digest:
             raise CorruptEntryError(f"section {index} checksum mismatch")
         sections.append(section)
-    return Entry(header, trailer.key, trailer.serializer, trailer.meta, sections)
+    return Entry(header, trailer.key, trailer.serializer, trailer.meta, sections, trailer)

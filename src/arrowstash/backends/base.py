@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from arrowstash.entry import ALIGN, Encoded, Key, read_header, read_trailer
 
 
-@dataclass(frozen=True, slots=True)
-class Stored:
+class Stored(NamedTuple):
     """Bytes of one entry as read from a backend.
 
     ``mapped`` says the buffer is a private memory map of a file written atomically; readers then
@@ -20,6 +19,9 @@ class Stored:
 
     data: memoryview
     mapped: bool = False
+    #: Identifies the stored bytes (a file's inode, size and times) so that a reader may reuse
+    #: its parse of an unchanged entry; None where the store has no such identity.
+    fingerprint: Any = None
 
 
 @dataclass(frozen=True, slots=True)

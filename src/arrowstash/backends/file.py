@@ -107,11 +107,15 @@ class FileBackend:
         except OSError as exc:
             raise BackendError(f"cannot open {path}: {exc}") from exc
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            size = st.st_size
             if size >= self.mmap_threshold:
                 stored = Stored(map_private(fd, size), mapped=True)
             else:
-                stored = Stored(memoryview(_read_all(fd, size)))
+                # A file is never rewritten in place, so a short read is a truncated entry,
+                # which parsing reports.
+                fingerprint = (st.st_dev, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns)
+                stored = Stored(memoryview(os.read(fd, size)), fingerprint=fingerprint)
         except OSError as exc:
             raise BackendError(f"cannot read {path}: {exc}") from exc
         finally:
@@ -301,16 +305,6 @@ class FileBackend:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             os.close(fd)
-
-
-def _read_all(fd: int, size: int) -> bytes:
-    data = os.read(fd, size)
-    while len(data) < size:  # short reads are rare (signals, network file systems)
-        chunk = os.read(fd, size - len(data))
-        if not chunk:
-            break  # the entry's own length check reports the truncation
-        data += chunk
-    return data
 
 
 def _describe_file(path: str) -> EntryInfo:
