@@ -25,7 +25,9 @@ def test_there_are_examples() -> None:
 
 
 @pytest.mark.parametrize(("where", "code"), _examples(), ids=[w for w, _ in _examples()])
-def test_example_runs(where: str, code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_example_runs(
+    where: str, code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the default backend stays in tmp
     monkeypatch.delenv("ARROWSTASH_URL", raising=False)
     exec(compile(code, where, "exec"), {"__name__": f"doc_{where.replace('#', '_')}"})

@@ -103,8 +103,7 @@ def _arrow(hasher: Any, obj: Any) -> None:
     elif isinstance(obj, (pa.ChunkedArray, pa.Array)):
         chunks = obj.chunks if isinstance(obj, pa.ChunkedArray) else [obj]
         hasher.tag(b"C", f"{obj.type}|{len(obj)}|{obj.null_count}".encode())
-        for chunk in chunks:
-            _arrow_chunk(hasher, chunk, with_validity=obj.null_count > 0)
+        _arrow_chunks(hasher, chunks, with_validity=obj.null_count > 0)
     elif isinstance(obj, pa.Scalar):
         hasher.tag(b"c", str(obj.type).encode())
         hasher.value(obj.as_py())
@@ -112,36 +111,47 @@ def _arrow(hasher: Any, obj: Any) -> None:
         raise TypeError(f"pyarrow {type(obj).__qualname__}")
 
 
-def _arrow_chunk(hasher: Any, chunk: Any, with_validity: bool) -> None:
-    """Hash one chunk so the concatenated stream does not depend on chunk boundaries."""
+def _arrow_chunks(hasher: Any, chunks: list[Any], with_validity: bool) -> None:
+    """Hash an array's chunks as one stream per kind of buffer (validity, values; lengths, then
+    bytes for strings), so that where the chunks split does not change the digest."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if with_validity:
-        hasher.h.update(np.asarray(chunk.is_valid()).tobytes())
-    if pa.types.is_dictionary(chunk.type):
-        chunk = chunk.cast(chunk.type.value_type)
-    t = chunk.type
+        for chunk in chunks:
+            hasher.h.update(np.asarray(chunk.is_valid()).tobytes())
+    chunks = [c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c for c in chunks]
+    if not chunks:
+        return
+    t = chunks[0].type
     if pa.types.is_boolean(t):
-        hasher.h.update(np.asarray(chunk.fill_null(False)).tobytes())
+        for chunk in chunks:
+            hasher.h.update(np.asarray(chunk.fill_null(False)).tobytes())
     elif (pa.types.is_primitive(t) or pa.types.is_fixed_size_binary(t)) and t.bit_width % 8 == 0:
-        if chunk.null_count:
-            chunk = chunk.fill_null(pa.scalar(0).cast(t) if pa.types.is_primitive(t)
-                                    else pa.scalar(bytes(t.byte_width), t))
+        if pa.types.is_primitive(t):
+            zero = pa.scalar(0).cast(t)
+        else:
+            zero = pa.scalar(bytes(t.byte_width), t)
         width = t.bit_width // 8
-        data = memoryview(chunk.buffers()[1])
-        hasher.h.update(data[chunk.offset * width : (chunk.offset + len(chunk)) * width])
+        for chunk in chunks:
+            if chunk.null_count:
+                chunk = chunk.fill_null(zero)
+            data = memoryview(chunk.buffers()[1])
+            hasher.h.update(data[chunk.offset * width : (chunk.offset + len(chunk)) * width])
     elif t in (pa.string(), pa.binary(), pa.large_string(), pa.large_binary(),
                pa.string_view(), pa.binary_view()):
-        as_large = chunk.cast(pa.large_binary())
-        lengths = np.asarray(pc.binary_length(as_large).fill_null(0)).astype("<i8")
-        hasher.h.update(lengths.tobytes())
-        offsets = np.frombuffer(as_large.buffers()[1], dtype="<i8")
-        offsets = offsets[as_large.offset : as_large.offset + len(as_large) + 1]
-        data = as_large.buffers()[2]
-        if data is not None and len(offsets):
-            hasher.h.update(memoryview(data)[int(offsets[0]) : int(offsets[-1])])
+        large = [chunk.cast(pa.large_binary()) for chunk in chunks]
+        for chunk in large:
+            lengths = np.asarray(pc.binary_length(chunk).fill_null(0)).astype("<i8")
+            hasher.h.update(lengths.tobytes())
+        for chunk in large:
+            offsets = np.frombuffer(chunk.buffers()[1], dtype="<i8")
+            offsets = offsets[chunk.offset : chunk.offset + len(chunk) + 1]
+            data = chunk.buffers()[2]
+            if data is not None and len(offsets):
+                hasher.h.update(memoryview(data)[int(offsets[0]) : int(offsets[-1])])
     else:  # nested and other types: hash their Python values
-        for item in chunk.to_pylist():
-            hasher.value(item)
+        for chunk in chunks:
+            for item in chunk.to_pylist():
+                hasher.value(item)

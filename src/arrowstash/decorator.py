@@ -7,6 +7,7 @@ import datetime as dt
 import functools
 import inspect
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -66,6 +67,11 @@ def _immutable(value: Any) -> bool:
     if cls is tuple:
         return all(type(v) in _IMMUTABLE for v in value)
     return cls in _IMMUTABLE
+
+
+def _object_size(value: Any) -> int:
+    inner = sum(map(sys.getsizeof, value)) if type(value) is tuple else 0
+    return sys.getsizeof(value) + inner
 
 
 class _Flights:
@@ -153,14 +159,16 @@ class _Core:
             return _MISSING
         return item.value if item.load is None else item.load()
 
-    def backend_get(self, key: Key) -> Any:
-        """The stored value, or _MISSING when absent, expired, unreadable or undecodable."""
+    def backend_get(self, key: Key, report: bool = True) -> Any:
+        """The stored value, or _MISSING when absent, expired, unreadable or undecodable;
+        failures are logged and counted when ``report`` is set."""
         if self.backend is None:
             return _MISSING
         try:
             stored = self.backend.get(key)
         except BackendError as exc:
-            self._failed("backend read", exc)
+            if report:
+                self._failed("backend read", exc)
             return _MISSING
         if stored is None:
             return _MISSING
@@ -177,6 +185,8 @@ class _Core:
                 return _MISSING
             value = self._decoder(entry.serializer).decode(entry.meta, entry.sections)
         except (CorruptEntryError, SerializationError) as exc:
+            if not report:
+                return _MISSING
             self.stats.errors += 1
             log.warning(
                 "unreadable cache entry of %s (%s); recomputing", self.name, exc,
@@ -221,7 +231,7 @@ class _Core:
                 sections: list[Any], expires: float) -> None:
         assert self.l1 is not None
         if _immutable(value):
-            self.l1.put(digest, L1Item(expires, 64, value, None))
+            self.l1.put(digest, L1Item(expires, _object_size(value), value, None))
         elif not any(callable(s) for s in sections):  # streamed sections are not kept in memory
             size = sum(memoryview(s).nbytes for s in sections) + 64
             if size <= self.l1.max_bytes:
@@ -241,10 +251,24 @@ class _Core:
             extra={"function": self.name, "event": what.replace(" ", "_") + "_error"},
         )
 
-    def cross_process_lock(self, key: Key) -> Any:
+    @contextmanager
+    def locked(self, key: Key) -> Iterator[bool | None]:
+        """Hold the backend's stampede lock of ``key``: yields None where there is none, else
+        whether it was taken before ``lock_timeout``. A lock the backend cannot take is a logged
+        backend failure: the caller computes without it."""
         if self.backend is None or not self.lock:
-            return None
-        return self.backend.lock(key, self.lock_timeout)
+            yield None
+            return
+        entered = False
+        try:
+            with self.backend.lock(key, self.lock_timeout) as held:
+                entered = True
+                yield held
+        except BackendError as exc:
+            if entered:
+                raise
+            self._failed("backend lock", exc)
+            yield False
 
     def record_hit(self, started: float, layer_l1: bool) -> None:
         stats = self.stats
@@ -318,19 +342,19 @@ class CachedFunction:
             if value is not _MISSING:
                 core.record_hit(started, False)
                 return value
-            lock = core.cross_process_lock(key)
-            if lock is None:
-                return self._compute(key, args, kwargs, started)
-            with lock:
-                value = core.backend_get(key)  # another process may have stored it meanwhile
-                if value is not _MISSING:
-                    core.record_hit(started, False)
-                    return value
+            with core.locked(key) as held:
+                if held is not None:
+                    # another process may have stored it while we waited
+                    value = core.backend_get(key, report=False)
+                    if value is not _MISSING:
+                        core.record_hit(started, False)
+                        return value
                 return self._compute(key, args, kwargs, started)
 
     def _lookup(self, key: Key) -> Any:
+        """The second look of a miss; its failures were already reported by the first."""
         value = self._core.l1_get(key.digest)
-        return value if value is not _MISSING else self._core.backend_get(key)
+        return value if value is not _MISSING else self._core.backend_get(key, report=False)
 
     def _compute(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any],
                  started: float) -> Any:
@@ -402,12 +426,11 @@ class AsyncCachedFunction(CachedFunction):
     async def _compute_locked(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any],
                               started: float) -> Any:
         core = self._core
-        lock = core.cross_process_lock(key)
-        if lock is not None:
-            await asyncio.to_thread(lock.__enter__)
+        lock = core.locked(key)
+        held = await asyncio.to_thread(lock.__enter__)
         try:
-            if lock is not None:
-                value = await asyncio.to_thread(core.backend_get, key)
+            if held is not None:
+                value = await asyncio.to_thread(core.backend_get, key, False)
                 if value is not _MISSING:
                     core.record_hit(started, False)
                     return value
@@ -416,8 +439,7 @@ class AsyncCachedFunction(CachedFunction):
             core.record_miss(started)
             return value
         finally:
-            if lock is not None:
-                await asyncio.to_thread(lock.__exit__, None, None, None)
+            await asyncio.to_thread(lock.__exit__, None, None, None)
 
     async def refresh(self, *args: Any, **kwargs: Any) -> Any:
         key = self.cache_key(*args, **kwargs)

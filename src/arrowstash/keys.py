@@ -52,7 +52,7 @@ class _Hasher:
         elif cls is str:
             self.tag(b"s", obj.encode("utf-8", "surrogatepass"))
         elif cls is bytes or cls is bytearray:
-            self.tag(b"b", obj)
+            self.tag(b"b" if cls is bytes else b"B", obj)
         elif cls is tuple or cls is list:
             self.tag(b"(" if cls is tuple else b"[", _Q.pack(len(obj)))
             for item in obj:
@@ -60,7 +60,7 @@ class _Hasher:
         elif cls is dict:
             self._unordered(b"{", (self._sub((k, v)) for k, v in obj.items()))
         elif cls is set or cls is frozenset:
-            self._unordered(b"<", (self._sub(item) for item in obj))
+            self._unordered(b"<" if cls is set else b">", (self._sub(item) for item in obj))
         elif cls is dt.datetime or cls is dt.time:
             self.tag(b"t" if cls is dt.time else b"D", f"{obj.isoformat()}|{obj.tzinfo}".encode())
         elif cls is dt.date:

@@ -282,8 +282,13 @@ class FileBackend:
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             except FileNotFoundError:
-                os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+                try:
+                    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+                except OSError as exc:
+                    raise BackendError(f"cannot create lock folder for {path}: {exc}") from exc
                 continue
+            except OSError as exc:
+                raise BackendError(f"cannot open lock file {path}: {exc}") from exc
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 if os.fstat(fd).st_ino == os.stat(path).st_ino:
