@@ -18,6 +18,8 @@ EXPECTED_ALL = {
     "AvroDecodeError",
     "Backend",
     "BackendError",
+    "BufferSerializer",
+    "ArraySerializer",
     "CacheInfo",
     "CachedFunction",
     "CorruptEntryError",

@@ -12,7 +12,12 @@ from arrowstash.errors import (
     CorruptEntryError,
     SerializationError,
 )
-from arrowstash.serializers import Serializer, StandardSerializer
+from arrowstash.serializers import (
+    ArraySerializer,
+    BufferSerializer,
+    Serializer,
+    StandardSerializer,
+)
 
 __version__ = "0.1.0"
 
@@ -26,11 +31,13 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "DEFAULT",
+    "ArraySerializer",
     "ArrowSerializer",
     "ArrowstashError",
     "AvroDecodeError",
     "Backend",
     "BackendError",
+    "BufferSerializer",
     "CacheInfo",
     "CachedFunction",
     "CorruptEntryError",

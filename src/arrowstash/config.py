@@ -3,6 +3,7 @@
 - ``ARROWSTASH_URL``: the default backend (``file:///path``, ``memory://``, ...).
 - ``ARROWSTASH_ARROW_COMPRESSION``: "zstd", "lz4" or "none", overriding the per-backend default
   compression of frames.
+- ``ARROWSTASH_SECRET``: the key that signs pickled entries (see the buffers serializer).
 - ``XDG_CACHE_HOME`` (or the platform's equivalent): where the default File backend lives.
 """
 
@@ -37,3 +38,8 @@ def arrow_compression(default: str | None) -> str | None:
     if value in ("zstd", "lz4"):
         return value
     raise ValueError(f"ARROWSTASH_ARROW_COMPRESSION={raw!r}: expected zstd, lz4 or none")
+
+
+def secret() -> bytes | None:
+    value = os.environ.get("ARROWSTASH_SECRET")
+    return value.encode() if value else None

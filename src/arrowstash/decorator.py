@@ -15,9 +15,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
-from arrowstash import backends
+from arrowstash import backends, config
 from arrowstash.backends.base import Backend
-from arrowstash.entry import Entry, Key, materialize, parse_entry
+from arrowstash.entry import Entry, Key, materialize, parse_entry, signature_valid
 from arrowstash.errors import BackendError, CorruptEntryError, SerializationError
 from arrowstash.keys import KeyMaker
 from arrowstash.l1 import L1, L1Item
@@ -116,6 +116,7 @@ class _Core:
         lock: bool,
         lock_timeout: float,
         strict: bool,
+        secret: str | bytes | None,
     ) -> None:
         if isinstance(ttl, dt.timedelta):
             ttl = ttl.total_seconds()
@@ -134,6 +135,15 @@ class _Core:
         self.keys = KeyMaker(func, f"{self.name}\0{namespace}\0{version}\0", ignore, key)
         self.backend = backends.default_backend() if backend is DEFAULT else backend
         self.serializer = for_backend(resolve(serializer), self.backend)
+        if isinstance(secret, str):
+            secret = secret.encode()
+        self.secret: bytes | None = config.secret() if secret is None else secret
+        if self._unsafe(self.serializer) and not self.secret and self._shared:
+            raise ValueError(
+                f"serializer {self.serializer.name!r} unpickles, which runs code: on the shared "
+                f"backend {self.backend!r} it needs a secret to sign entries (secret= or "
+                "ARROWSTASH_SECRET)"
+            )
         self._decoders = (
             self.serializer
             if isinstance(self.serializer, AutoSerializer)
@@ -183,7 +193,9 @@ class _Core:
                 self._parsed[stored.fingerprint] = entry._replace(sections=[])
             if entry.header.expired(time.time()):
                 return _MISSING
-            value = self._decoder(entry.serializer).decode(entry.meta, entry.sections)
+            decoder = self._decoder(entry.serializer)
+            self._check_trust(entry, decoder)
+            value = decoder.decode(entry.meta, entry.sections)
         except (CorruptEntryError, SerializationError) as exc:
             if not report:
                 return _MISSING
@@ -203,6 +215,14 @@ class _Core:
         expires = created + self.ttl if self.ttl is not None else 0.0
         try:
             encoded = self.serializer.encode(value)
+            if self._unsafe(self._decoder(encoded.serializer)):
+                if self.secret:
+                    encoded.sign_with = self.secret
+                elif self._shared:
+                    raise SerializationError(
+                        f"{type(value).__qualname__} values need pickling, which a shared "
+                        "backend allows only with a secret (secret= or ARROWSTASH_SECRET)"
+                    )
             if self.backend is None and self.l1 is not None:
                 encoded = materialize(encoded)  # L1 is the only store: it needs the bytes
             if self.backend is not None:
@@ -235,9 +255,34 @@ class _Core:
         elif not any(callable(s) for s in sections):  # streamed sections are not kept in memory
             size = sum(memoryview(s).nbytes for s in sections) + 64
             if size <= self.l1.max_bytes:
-                copies = [memoryview(bytes(s)) for s in sections]
-                load = functools.partial(self._decoder(serializer).decode, meta, copies)
+                decoder = self._decoder(serializer)
+                copies = [bytes(s) for s in sections]
+                if getattr(decoder, "mutable_results", False):
+                    # results view their sections: each hit gets private, writable ones
+                    def load() -> Any:
+                        return decoder.decode(meta, [memoryview(bytearray(s)) for s in copies])
+                else:
+                    load = functools.partial(decoder.decode, meta, [memoryview(s) for s in copies])
                 self.l1.put(digest, L1Item(expires, size, None, load))
+
+    @property
+    def _shared(self) -> bool:
+        return bool(getattr(self.backend, "shared", False))
+
+    @staticmethod
+    def _unsafe(serializer: Serializer) -> bool:
+        return bool(getattr(serializer, "executes_code", False))
+
+    def _check_trust(self, entry: Entry, decoder: Serializer) -> None:
+        """Refuse to unpickle what this process cannot trust: entries of a code-running
+        serializer must be signed when a secret is set, and may be unsigned only locally."""
+        if not self._unsafe(decoder):
+            return
+        if self.secret:
+            if not signature_valid(entry, self.secret):
+                raise CorruptEntryError("missing or wrong signature on a pickled entry")
+        elif self._shared:
+            raise CorruptEntryError("pickled entry on a shared backend and no secret to check it")
 
     def _decoder(self, name: str) -> Serializer:
         return self.serializer if name == self.serializer.name else self._decoders.member(name)
@@ -487,6 +532,7 @@ def cache(
     lock: bool = ...,
     lock_timeout: float = ...,
     strict: bool = ...,
+    secret: str | bytes | None = ...,
 ) -> Callable[[F], F]: ...
 
 
@@ -507,6 +553,7 @@ def cache(
     lock: bool = True,
     lock_timeout: float = 60.0,
     strict: bool = False,
+    secret: str | bytes | None = None,
 ) -> Any:
     """Cache a function's results by its arguments; see docs/decorator.md.
 
@@ -514,12 +561,13 @@ def cache(
     ``ARROWSTASH_URL`` or a File backend in the user's cache folder. ``key=`` replaces the
     argument encoding by a function of the same arguments; ``ignore=`` leaves parameters out of
     the key. Results that cannot be serialized are returned uncached (and logged) unless
-    ``strict=True``, which also raises backend failures instead of logging them.
+    ``strict=True``, which also raises backend failures instead of logging them. ``secret``
+    (default ``ARROWSTASH_SECRET``) signs and checks entries of serializers that unpickle.
     """
     options = dict(
         ttl=ttl, namespace=namespace, version=version, backend=backend, serializer=serializer,
         l1=l1, l1_max_entries=l1_max_entries, l1_max_bytes=l1_max_bytes, key=key, ignore=ignore,
-        lock=lock, lock_timeout=lock_timeout, strict=strict,
+        lock=lock, lock_timeout=lock_timeout, strict=strict, secret=secret,
     )
 
     def decorate(f: Any) -> Any:

@@ -7,6 +7,8 @@ into its destination section by section; the header is patched once the sizes ar
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import io
 import struct
 from collections.abc import Callable
@@ -30,6 +32,7 @@ FLAG_ENCRYPTED = 2
 FLAG_SIGNED = 4
 
 _PAD = bytes(ALIGN)
+_MAC_CONTEXT = b"arrowstash entry v1\0"
 
 
 class Sink(Protocol):
@@ -66,6 +69,8 @@ class Encoded:
     meta: Any
     sections: list[Any] = field(default_factory=list)  # buffers or StreamedSection callables
     flags: int = 0
+    #: A secret to sign the entry with (HMAC-SHA256 over its identity and every section byte).
+    sign_with: bytes | None = None
 
     @property
     def in_memory(self) -> bool:
@@ -92,6 +97,7 @@ class Trailer(NamedTuple):
     serializer: str
     meta: Any
     sections: list[list[int]]  # offset, length, xxh3-64
+    tag: bytes | None  # HMAC-SHA256 of a signed entry
 
 
 class Entry(NamedTuple):
@@ -126,13 +132,22 @@ class _SectionStream:
         return self._writer.section_size()
 
 
+def _signer(secret: bytes, key: Key, serializer: str, created: float, expires: float) -> Any:
+    """The HMAC of an entry, fed its identity first; sections follow, each with its length."""
+    mac = hmac.new(secret, _MAC_CONTEXT, hashlib.sha256)
+    mac.update(key.digest)
+    mac.update(msgpack.packb([key.namespace, key.function, serializer, created, expires]))
+    return mac
+
+
 class _EntryWriter:
-    def __init__(self, sink: Sink) -> None:
+    def __init__(self, sink: Sink, mac: Any) -> None:
         self._sink = sink
         sink.write(_PAD)  # room for the header, patched when the sizes are known
         self._offset = ALIGN
         self._section_start = ALIGN
         self._hasher = xxhash.xxh3_64()
+        self._mac = mac
 
     def tell(self) -> int:
         return self._offset
@@ -143,6 +158,8 @@ class _EntryWriter:
             view = view.cast("B")
         self._sink.write(view)
         self._hasher.update(view)
+        if self._mac is not None:
+            self._mac.update(view)
         self._offset += view.nbytes
         return view.nbytes
 
@@ -163,33 +180,39 @@ class _EntryWriter:
             source(_SectionStream(self))
         else:
             self.write_raw(source)
-        return [self._section_start, self._offset - self._section_start, self._hasher.intdigest()]
+        length = self._offset - self._section_start
+        if self._mac is not None:
+            self._mac.update(struct.pack("<Q", length))
+        return [self._section_start, length, self._hasher.intdigest()]
 
 
 def write_entry(
     sink: Sink, key: Key, encoded: Encoded, *, created: float, expires: float | None
 ) -> int:
     """Write ``encoded`` as one entry into ``sink``; return its total size in bytes."""
-    writer = _EntryWriter(sink)
+    expires = expires or 0.0
+    secret = encoded.sign_with
+    mac = _signer(secret, key, encoded.serializer, created, expires) if secret else None
+    writer = _EntryWriter(sink, mac)
     table = [writer.section(s) for s in encoded.sections]
-    trailer = msgpack.packb(
-        {
-            "key": key.digest,
-            "ns": key.namespace,
-            "fn": key.function,
-            "ser": encoded.serializer,
-            "meta": encoded.meta,
-            "sec": table,
-        },
-        use_bin_type=True,
-    )
+    fields = {
+        "key": key.digest,
+        "ns": key.namespace,
+        "fn": key.function,
+        "ser": encoded.serializer,
+        "meta": encoded.meta,
+        "sec": table,
+    }
+    flags = encoded.flags
+    if mac is not None:
+        fields["tag"] = mac.digest()
+        flags |= FLAG_SIGNED
+    trailer = msgpack.packb(fields, use_bin_type=True)
     writer.pad()
     trailer_at = writer.tell()
     sink.write(trailer)
     total = trailer_at + len(trailer)
-    header = _pack_header(
-        encoded.flags, len(table), total, trailer_at, created, expires or 0.0, checksum=0
-    )
+    header = _pack_header(flags, len(table), total, trailer_at, created, expires, checksum=0)
     checksum = _checksum(header, trailer)
     sink.patch(0, header[:_CHECKSUM_AT] + struct.pack("<Q", checksum) + header[_CHECKSUM_AT + 8 :])
     return total
@@ -231,6 +254,19 @@ def entry_bytes(key: Key, encoded: Encoded, *, created: float, expires: float | 
     return sink.buffer
 
 
+def signature_valid(entry: Entry, secret: bytes) -> bool:
+    """Whether ``entry`` carries a valid HMAC for ``secret`` (reads every section byte)."""
+    tag = entry.trailer.tag
+    if tag is None:
+        return False
+    header = entry.header
+    mac = _signer(secret, entry.key, entry.serializer, header.created, header.expires)
+    for section in entry.sections:
+        mac.update(section)
+        mac.update(struct.pack("<Q", section.nbytes))
+    return hmac.compare_digest(mac.digest(), tag)
+
+
 def materialize(encoded: Encoded) -> Encoded:
     """``encoded`` with its streamed sections run into memory."""
     if encoded.in_memory:
@@ -242,7 +278,7 @@ def materialize(encoded: Encoded) -> Encoded:
             section(out)
             section = out.getbuffer()
         sections.append(section)
-    return Encoded(encoded.serializer, encoded.meta, sections, encoded.flags)
+    return Encoded(encoded.serializer, encoded.meta, sections, encoded.flags, encoded.sign_with)
 
 
 def read_header(buffer: Any, size: int | None = None) -> Header:
@@ -277,11 +313,12 @@ def read_trailer(header_bytes: Any, header: Header, trailer: Any) -> Trailer:
         info = msgpack.unpackb(trailer, raw=False, strict_map_key=False)
         namespace, function, digest = info["ns"], info["fn"], info["key"]
         serializer, table = info["ser"], info["sec"]
-        meta = info["meta"]
+        meta, tag = info["meta"], info.get("tag")
     except (ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
         raise CorruptEntryError(f"unreadable trailer: {exc}") from exc
     if type(namespace) is not str or type(function) is not str or type(digest) is not bytes \
-            or type(serializer) is not str or type(table) is not list:
+            or type(serializer) is not str or type(table) is not list \
+            or (tag is not None and type(tag) is not bytes):
         raise CorruptEntryError("trailer fields have the wrong types")
     if len(table) != header.sections:
         raise CorruptEntryError("section table does not match the header")
@@ -293,7 +330,9 @@ def read_trailer(header_bytes: Any, header: Header, trailer: Any) -> Trailer:
         offset, length = row[0], row[1]
         if offset % ALIGN or offset < ALIGN or length < 0 or offset + length > end:
             raise CorruptEntryError(f"section {index} lies outside the entry")
-    return Trailer(Key(namespace, function, digest), serializer, meta, table)
+    if (tag is not None) != bool(header.flags & FLAG_SIGNED):
+        raise CorruptEntryError("signature flag and tag disagree")
+    return Trailer(Key(namespace, function, digest), serializer, meta, table, tag)
 
 
 def parse_entry(

@@ -8,10 +8,20 @@ from typing import Any
 
 from arrowstash.entry import Encoded
 from arrowstash.errors import SerializationError
+from arrowstash.serializers.arrays import ArraySerializer, is_array_tree
 from arrowstash.serializers.base import Serializer
+from arrowstash.serializers.buffers import BufferSerializer
 from arrowstash.serializers.standard import StandardSerializer
 
-__all__ = ["ArrowSerializer", "AutoSerializer", "Serializer", "StandardSerializer", "resolve"]
+__all__ = [
+    "ArraySerializer",
+    "ArrowSerializer",
+    "AutoSerializer",
+    "BufferSerializer",
+    "Serializer",
+    "StandardSerializer",
+    "resolve",
+]
 
 
 def _arrow() -> Serializer:
@@ -33,11 +43,21 @@ def _is_frame(value: Any) -> bool:
 
 
 #: Serializers by the name recorded in entries; factories, so pyarrow loads only when used.
-REGISTRY: dict[str, Callable[[], Serializer]] = {"standard": StandardSerializer, "arrow": _arrow}
+REGISTRY: dict[str, Callable[[], Serializer]] = {
+    "standard": StandardSerializer,
+    "arrow": _arrow,
+    "arrays": ArraySerializer,
+    "buffers": BufferSerializer,
+}
 
-#: How "auto" chooses: the first rule whose test accepts the value names its serializer.
-AUTO_RULES: list[tuple[Callable[[Any], bool], str]] = [(_is_frame, "arrow")]
+#: How "auto" chooses: the first rule whose test accepts the value names its serializer; then
+#: the standard serializer, and pickle ("buffers") for what it refuses.
+AUTO_RULES: list[tuple[Callable[[Any], bool], str]] = [
+    (_is_frame, "arrow"),
+    (is_array_tree, "arrays"),
+]
 AUTO_FALLBACK = "standard"
+AUTO_LAST_RESORT = "buffers"
 
 
 def __getattr__(name: str) -> Any:
@@ -85,7 +105,13 @@ class AutoSerializer:
         return self.member(AUTO_FALLBACK)
 
     def encode(self, value: Any) -> Encoded:
-        return self.choose(value).encode(value)
+        chosen = self.choose(value)
+        try:
+            return chosen.encode(value)
+        except SerializationError:
+            if chosen.name != AUTO_FALLBACK:
+                raise
+            return self.member(AUTO_LAST_RESORT).encode(value)
 
     def decode(self, meta: Any, sections: Sequence[memoryview]) -> Any:
         raise SerializationError("AutoSerializer decodes through the serializer an entry names")

@@ -7,7 +7,7 @@ import decimal
 import struct
 import uuid
 import zoneinfo
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
@@ -50,6 +50,68 @@ def _tz_from_state(state: Any) -> dt.tzinfo | None:
     return dt.timezone(offset, name)
 
 
+Extension = Callable[[Any], "msgpack.ExtType | None"]
+ExtensionDecoder = Callable[[int, bytes], Any]
+_OPTIONS = {"use_bin_type": True, "strict_types": True}
+
+
+def packer(extension: Extension | None = None) -> Callable[[Any], bytes]:
+    """A pack function for the standard types, plus whatever ``extension`` encodes (it returns
+    an ExtType, or None for values it does not know). Each call packs with a fresh packer, so
+    one function may serve many threads."""
+
+    def default(obj: Any) -> msgpack.ExtType:
+        ext = _standard_ext(obj, pack)
+        if ext is None and extension is not None:
+            ext = extension(obj)
+        if ext is None:
+            cls = type(obj)
+            raise SerializationError(
+                f"type {cls.__module__}.{cls.__qualname__} is not supported by the standard "
+                "serializer (plain values only; frames and arrays have serializers of their own)"
+            )
+        return ext
+
+    def pack(value: Any) -> bytes:
+        packed: bytes = msgpack.packb(value, default=default, **_OPTIONS)
+        return packed
+
+    return pack
+
+
+def unpacker(extension: ExtensionDecoder | None = None) -> Callable[[Any], Any]:
+    """The unpack function matching :func:`packer` with the same kind of extension."""
+
+    def hook(code: int, data: bytes) -> Any:
+        if code in _DECODERS:
+            return _DECODERS[code](data, unpack)
+        if extension is not None:
+            return extension(code, data)
+        raise SerializationError(f"unknown MessagePack extension type {code}")
+
+    def unpack(data: Any) -> Any:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=hook)
+
+    return unpack
+
+
+def pack_checked(pack: Callable[[Any], bytes], value: Any) -> bytes:
+    """``pack(value)``, with a failure reported as a SerializationError naming where it is."""
+    try:
+        return pack(value)
+    except (TypeError, ValueError, OverflowError) as exc:  # SerializationError included
+        path = _find_unsupported(value, "value") or "value"
+        cause = None if isinstance(exc, SerializationError) else exc
+        raise SerializationError(f"{path}: {exc}") from cause
+
+
+def unpack_checked(unpack: Callable[[Any], Any], data: Any) -> Any:
+    try:
+        return unpack(data)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise CorruptEntryError(f"undecodable MessagePack payload: {exc}") from exc
+
+
 class StandardSerializer:
     """Plain values: None, bool, int, float, str, bytes, containers, dates, Decimal, UUID and
     NumPy scalars, each decoded as the type it was.
@@ -60,9 +122,6 @@ class StandardSerializer:
 
     name = "standard"
 
-    def __init__(self) -> None:
-        self._packer = msgpack.Packer(use_bin_type=True, strict_types=True, default=self._default)
-
     def encode(self, value: Any) -> Encoded:
         return Encoded(self.name, None, [self.pack(value)])
 
@@ -70,101 +129,88 @@ class StandardSerializer:
         return self.unpack(sections[0])
 
     def pack(self, value: Any) -> bytes:
-        try:
-            return bytes(self._packer.pack(value))
-        except (TypeError, ValueError, OverflowError) as exc:  # SerializationError included
-            self._packer.reset()
-            path = _find_unsupported(value, "value") or "value"
-            cause = None if isinstance(exc, SerializationError) else exc
-            raise SerializationError(f"{path}: {exc}") from cause
+        return pack_checked(_pack, value)
 
     def unpack(self, data: Any) -> Any:
-        try:
-            return _unpack(data)
-        except (ValueError, TypeError, msgpack.UnpackException) as exc:
-            raise CorruptEntryError(f"undecodable MessagePack payload: {exc}") from exc
-
-    def _default(self, obj: Any) -> msgpack.ExtType:
-        cls = type(obj)
-        if cls is int:  # beyond 64 bits
-            return msgpack.ExtType(_BIGINT, str(obj).encode())
-        if cls is tuple:
-            return msgpack.ExtType(_TUPLE, self._sub(list(obj)))
-        if cls is set or cls is frozenset:
-            code = _SET if cls is set else _FROZENSET
-            return msgpack.ExtType(code, self._sub(list(obj)))
-        if cls is dt.datetime:
-            state = [obj.year, obj.month, obj.day, obj.hour, obj.minute, obj.second,
-                     obj.microsecond, obj.fold, _tz_state(obj.tzinfo, "datetime")]
-            return msgpack.ExtType(_DATETIME, self._sub(state))
-        if cls is dt.date:
-            return msgpack.ExtType(_DATE, struct.pack("<i", obj.toordinal()))
-        if cls is dt.time:
-            state = [obj.hour, obj.minute, obj.second, obj.microsecond, obj.fold,
-                     _tz_state(obj.tzinfo, "time")]
-            return msgpack.ExtType(_TIME, self._sub(state))
-        if cls is dt.timedelta:
-            return msgpack.ExtType(_TIMEDELTA, _TD.pack(obj.days, obj.seconds, obj.microseconds))
-        if cls is decimal.Decimal:
-            return msgpack.ExtType(_DECIMAL, str(obj).encode())
-        if cls is uuid.UUID:
-            return msgpack.ExtType(_UUID, obj.bytes)
-        if cls is complex:
-            return msgpack.ExtType(_COMPLEX, _COMPLEX_S.pack(obj.real, obj.imag))
-        if cls.__module__ == "numpy" and hasattr(obj, "dtype") and getattr(obj, "ndim", 1) == 0:
-            if obj.dtype.hasobject:
-                raise SerializationError("NumPy object scalars are not supported")
-            return msgpack.ExtType(_NUMPY, self._sub([obj.dtype.str, obj.tobytes()]))
-        raise SerializationError(
-            f"type {cls.__module__}.{cls.__qualname__} is not supported by the standard "
-            "serializer (use serializer='auto' or a serializer made for it)"
-        )
-
-    def _sub(self, value: Any) -> bytes:
-        # A fresh packer: the outer one is in the middle of a value.
-        packed: bytes = msgpack.packb(
-            value, use_bin_type=True, strict_types=True, default=self._default
-        )
-        return packed
+        return unpack_checked(_unpack, data)
 
 
-def _unpack(data: Any) -> Any:
-    return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_ext_hook)
+def _standard_ext(obj: Any, pack: Callable[[Any], bytes]) -> msgpack.ExtType | None:
+    cls = type(obj)
+    if cls is int:  # beyond 64 bits
+        return msgpack.ExtType(_BIGINT, str(obj).encode())
+    if cls is tuple:
+        return msgpack.ExtType(_TUPLE, pack(list(obj)))
+    if cls is set or cls is frozenset:
+        return msgpack.ExtType(_SET if cls is set else _FROZENSET, pack(list(obj)))
+    if cls is dt.datetime:
+        state = [obj.year, obj.month, obj.day, obj.hour, obj.minute, obj.second,
+                 obj.microsecond, obj.fold, _tz_state(obj.tzinfo, "datetime")]
+        return msgpack.ExtType(_DATETIME, pack(state))
+    if cls is dt.date:
+        return msgpack.ExtType(_DATE, struct.pack("<i", obj.toordinal()))
+    if cls is dt.time:
+        state = [obj.hour, obj.minute, obj.second, obj.microsecond, obj.fold,
+                 _tz_state(obj.tzinfo, "time")]
+        return msgpack.ExtType(_TIME, pack(state))
+    if cls is dt.timedelta:
+        return msgpack.ExtType(_TIMEDELTA, _TD.pack(obj.days, obj.seconds, obj.microseconds))
+    if cls is decimal.Decimal:
+        return msgpack.ExtType(_DECIMAL, str(obj).encode())
+    if cls is uuid.UUID:
+        return msgpack.ExtType(_UUID, obj.bytes)
+    if cls is complex:
+        return msgpack.ExtType(_COMPLEX, _COMPLEX_S.pack(obj.real, obj.imag))
+    if _numpy_scalar(obj):
+        return msgpack.ExtType(_NUMPY, pack([obj.dtype.str, obj.tobytes()]))
+    return None
 
 
-def _ext_hook(code: int, data: bytes) -> Any:
-    if code == _BIGINT:
-        return int(data)
-    if code == _TUPLE:
-        return tuple(_unpack(data))
-    if code == _SET:
-        return set(_unpack(data))
-    if code == _FROZENSET:
-        return frozenset(_unpack(data))
-    if code == _DATETIME:
-        year, month, day, hour, minute, second, micro, fold, tz = _unpack(data)
-        return dt.datetime(year, month, day, hour, minute, second, micro,
-                           tzinfo=_tz_from_state(tz), fold=fold)
-    if code == _DATE:
-        return dt.date.fromordinal(struct.unpack("<i", data)[0])
-    if code == _TIME:
-        hour, minute, second, micro, fold, tz = _unpack(data)
-        return dt.time(hour, minute, second, micro, tzinfo=_tz_from_state(tz), fold=fold)
-    if code == _TIMEDELTA:
-        days, seconds, micros = _TD.unpack(data)
-        return dt.timedelta(days=days, seconds=seconds, microseconds=micros)
-    if code == _DECIMAL:
-        return decimal.Decimal(data.decode())
-    if code == _UUID:
-        return uuid.UUID(bytes=data)
-    if code == _COMPLEX:
-        return complex(*_COMPLEX_S.unpack(data))
-    if code == _NUMPY:
-        import numpy as np
+def _numpy_scalar(obj: Any) -> bool:
+    cls = type(obj)
+    return (cls.__module__ == "numpy" and cls.__name__ != "ndarray"
+            and getattr(obj, "ndim", None) == 0 and not obj.dtype.hasobject)
 
-        dtype, raw = _unpack(data)
-        return np.frombuffer(raw, dtype=np.dtype(dtype))[0]
-    raise SerializationError(f"unknown MessagePack extension type {code}")
+
+def _datetime(data: bytes, unpack: Callable[[Any], Any]) -> dt.datetime:
+    year, month, day, hour, minute, second, micro, fold, tz = unpack(data)
+    return dt.datetime(year, month, day, hour, minute, second, micro,
+                       tzinfo=_tz_from_state(tz), fold=fold)
+
+
+def _time(data: bytes, unpack: Callable[[Any], Any]) -> dt.time:
+    hour, minute, second, micro, fold, tz = unpack(data)
+    return dt.time(hour, minute, second, micro, tzinfo=_tz_from_state(tz), fold=fold)
+
+
+def _timedelta(data: bytes, unpack: Callable[[Any], Any]) -> dt.timedelta:
+    days, seconds, micros = _TD.unpack(data)
+    return dt.timedelta(days=days, seconds=seconds, microseconds=micros)
+
+
+def _numpy_value(data: bytes, unpack: Callable[[Any], Any]) -> Any:
+    import numpy as np
+
+    dtype, raw = unpack(data)
+    return np.frombuffer(raw, dtype=np.dtype(dtype))[0]
+
+
+_DECODERS: dict[int, Callable[[bytes, Callable[[Any], Any]], Any]] = {
+    _BIGINT: lambda data, unpack: int(data),
+    _TUPLE: lambda data, unpack: tuple(unpack(data)),
+    _SET: lambda data, unpack: set(unpack(data)),
+    _FROZENSET: lambda data, unpack: frozenset(unpack(data)),
+    _DATETIME: _datetime,
+    _DATE: lambda data, unpack: dt.date.fromordinal(struct.unpack("<i", data)[0]),
+    _TIME: _time,
+    _TIMEDELTA: _timedelta,
+    _DECIMAL: lambda data, unpack: decimal.Decimal(data.decode()),
+    _UUID: lambda data, unpack: uuid.UUID(bytes=bytes(data)),
+    _COMPLEX: lambda data, unpack: complex(*_COMPLEX_S.unpack(data)),
+    _NUMPY: _numpy_value,
+}
+_pack = packer()
+_unpack = unpacker()
 
 
 _PLAIN = (type(None), bool, int, float, str, bytes, complex, dt.date, dt.timedelta,
