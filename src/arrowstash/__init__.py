@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from arrowstash import backends as _backends
 from arrowstash.backends import Backend, FileBackend, MemoryBackend
 from arrowstash.decorator import DEFAULT, CachedFunction, CacheInfo, cache
 from arrowstash.entry import Key
@@ -27,6 +28,8 @@ def __getattr__(name: str) -> Any:
         from arrowstash.serializers.arrow import ArrowSerializer
 
         return ArrowSerializer
+    if name in ("RedisBackend", "MemcachedBackend"):  # their clients are optional extras
+        return getattr(_backends, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
@@ -43,7 +46,9 @@ __all__ = [
     "CorruptEntryError",
     "FileBackend",
     "Key",
+    "MemcachedBackend",
     "MemoryBackend",
+    "RedisBackend",
     "SerializationError",
     "Serializer",
     "StandardSerializer",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from arrowstash import config
@@ -9,12 +10,34 @@ from arrowstash.backends.base import Backend, EntryInfo, Stored
 from arrowstash.backends.file import FileBackend
 from arrowstash.backends.memory import MemoryBackend
 
-__all__ = ["Backend", "EntryInfo", "FileBackend", "MemoryBackend", "Stored", "from_url",
-           "default_backend"]
+__all__ = ["Backend", "EntryInfo", "FileBackend", "MemcachedBackend", "MemoryBackend",
+           "RedisBackend", "Stored", "default_backend", "from_url"]
+
+#: URL schemes of the network backends, imported on first use (their clients are extras).
+_NETWORK = {
+    "redis": "RedisBackend",
+    "rediss": "RedisBackend",
+    "unix": "RedisBackend",
+    "redis+cluster": "RedisBackend",
+    "memcached": "MemcachedBackend",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RedisBackend":
+        from arrowstash.backends.redis import RedisBackend
+
+        return RedisBackend
+    if name == "MemcachedBackend":
+        from arrowstash.backends.memcached import MemcachedBackend
+
+        return MemcachedBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def from_url(url: str) -> Backend:
-    """Build a backend from a URL: ``file:///path``, a bare path, or ``memory://``."""
+    """Build a backend from a URL: ``file:///path`` (or a bare path), ``memory://``,
+    ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://h:p,h:p``, ``memcached://h:p``."""
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme in ("", "file"):
@@ -24,8 +47,12 @@ def from_url(url: str) -> Backend:
         return FileBackend(path)
     if scheme == "memory":
         return MemoryBackend()
+    if scheme in _NETWORK:
+        backend: Backend = __getattr__(_NETWORK[scheme])(url)
+        return backend
     raise ValueError(
-        f"backend URL {url!r}: unsupported scheme {scheme!r} (supported: file://, memory://)"
+        f"backend URL {url!r}: unsupported scheme {scheme!r} (supported: file://, memory://, "
+        f"{', '.join(s + '://' for s in _NETWORK)})"
     )
 
 

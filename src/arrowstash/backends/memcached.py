@@ -1,0 +1,219 @@
+"""Memcached, one server or several (rendezvous hashing), through pymemcache.
+
+Memcached cannot list or delete by prefix, so ``clear`` bumps a generation counter of the
+namespace (or of one function) that is part of every key: the old entries become unreachable and
+age out. Entries above the server's item size are chunked under a fresh version id behind a small
+manifest, as on Redis.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgpack
+import xxhash
+
+from arrowstash.backends._breaker import Breaker
+from arrowstash.backends.base import EntryInfo, Stored
+from arrowstash.entry import Encoded, Key, entry_bytes
+from arrowstash.errors import BackendError
+
+try:
+    from pymemcache.client.base import Client
+    from pymemcache.client.hash import HashClient
+    from pymemcache.exceptions import MemcacheError
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "MemcachedBackend needs pymemcache: pip install 'arrowstash[memcached]'"
+    ) from exc
+
+_MANIFEST = b"\x89ASTCHUNK"
+_THIRTY_DAYS = 30 * 24 * 3600  # beyond this memcached reads an expiry as a Unix time
+
+
+def _expire(expires: float | None) -> int:
+    """Memcached's expiry for an absolute time: seconds from now up to 30 days, else the time."""
+    if not expires:
+        return 0
+    seconds = expires - time.time()
+    if seconds > _THIRTY_DAYS:
+        return int(expires)
+    return max(1, int(seconds + 0.999))
+
+
+class MemcachedBackend:
+    """``MemcachedBackend("memcached://h1:11211,h2:11211")`` or a list of ``(host, port)``."""
+
+    shared = True
+    arrow_compression: str | None = "zstd"
+
+    def __init__(
+        self,
+        servers: str | list[tuple[str, int]] = "memcached://127.0.0.1:11211",
+        *,
+        prefix: str = "arrowstash",
+        item_bytes: int = 1 << 20,
+        socket_timeout: float = 1.0,
+        connect_timeout: float = 0.5,
+        breaker_failures: int = 5,
+        breaker_cooldown: float = 5.0,
+    ) -> None:
+        if isinstance(servers, str):
+            self.url = servers
+            servers = _parse(servers)
+        else:
+            self.url = "memcached://" + ",".join(f"{h}:{p}" for h, p in servers)
+        if not servers:
+            raise ValueError("MemcachedBackend needs at least one server")
+        options: dict[str, Any] = {"timeout": socket_timeout, "connect_timeout": connect_timeout}
+        if len(servers) == 1:
+            self._client: Any = Client(servers[0], **options)
+        else:
+            self._client = HashClient(servers, use_pooling=False, retry_attempts=0,
+                                      ignore_exc=False, **options)
+        self.prefix = prefix
+        # Room for the key and the item header inside memcached's default 1 MiB slab.
+        self.chunk_bytes = item_bytes - 1024
+        self.breaker = Breaker(breaker_failures, breaker_cooldown)
+
+    def __repr__(self) -> str:
+        return f"MemcachedBackend({self.url!r})"
+
+    @contextlib.contextmanager
+    def _call(self, what: str) -> Iterator[None]:
+        self.breaker.before(f"memcached {what}")
+        try:
+            yield
+        except (MemcacheError, OSError) as exc:
+            self.breaker.failure()
+            raise BackendError(f"memcached {what} failed: {exc}") from exc
+        self.breaker.success()
+
+    # memcached keys: at most 250 bytes, no spaces or control characters: hash the names
+    def _generation_keys(self, key: Key) -> list[str]:
+        ns = xxhash.xxh3_64_hexdigest(key.namespace.encode())
+        fn = xxhash.xxh3_64_hexdigest(f"{key.namespace}\0{key.function}".encode())
+        return [f"{self.prefix}:g:{ns}", f"{self.prefix}:g:{ns}:{fn}"]
+
+    def _name(self, key: Key) -> str:
+        names = self._generation_keys(key)
+        found = self._client.get_many(names)
+        gens = [int(found.get(n) or 0) for n in names]
+        fn = xxhash.xxh3_64_hexdigest(f"{key.namespace}\0{key.function}".encode())
+        return f"{self.prefix}:e:{gens[0]}:{gens[1]}:{fn}:{key.hex}"
+
+    def get(self, key: Key) -> Stored | None:
+        with self._call("get"):
+            name = self._name(key)
+            value = self._client.get(name)
+            if value is None:
+                return None
+            if not value.startswith(_MANIFEST):
+                return Stored(memoryview(value))
+            manifest = msgpack.unpackb(value[len(_MANIFEST) :])
+            names = [f"{name}:c:{manifest['v']}:{i}" for i in range(manifest["n"])]
+            found = self._client.get_many(names)
+        if len(found) != len(names):
+            return None  # a chunk was evicted: the entry is gone
+        data = bytearray(manifest["size"])
+        offset = 0
+        for chunk_name in names:
+            part = found[chunk_name]
+            data[offset : offset + len(part)] = part
+            offset += len(part)
+        return Stored(memoryview(data))
+
+    def set(self, key: Key, encoded: Encoded, *, created: float, expires: float | None) -> int:
+        data = memoryview(entry_bytes(key, encoded, created=created, expires=expires))
+        expire = _expire(expires)
+        with self._call("set"):
+            name = self._name(key)
+            if data.nbytes <= self.chunk_bytes:
+                self._client.set(name, data.tobytes(), expire=expire, noreply=False)
+                return data.nbytes
+            version = secrets.token_hex(8)
+            count = -(-data.nbytes // self.chunk_bytes)
+            chunks = {
+                f"{name}:c:{version}:{i}":
+                    data[i * self.chunk_bytes : (i + 1) * self.chunk_bytes].tobytes()
+                for i in range(count)
+            }
+            failed = self._client.set_many(chunks, expire=expire, noreply=False)
+            if failed:
+                raise BackendError(f"memcached refused {len(failed)} chunks of {name}")
+            manifest = msgpack.packb({"v": version, "n": count, "size": data.nbytes})
+            self._client.set(name, _MANIFEST + manifest, expire=expire, noreply=False)
+        return data.nbytes
+
+    def delete(self, key: Key) -> bool:
+        with self._call("delete"):
+            return bool(self._client.delete(self._name(key), noreply=False))
+
+    def clear(self, namespace: str | None = None, function: str | None = None) -> int:
+        """Make a namespace's (or a function's) entries unreachable; never ``flush_all``.
+
+        Returns 0: memcached cannot tell how many entries that hid.
+        """
+        if namespace is None:
+            raise ValueError("MemcachedBackend.clear needs a namespace (memcached cannot list "
+                             "keys, and flushing the server would delete other users' data)")
+        names = self._generation_keys(Key(namespace, function or "", b""))
+        name = names[1] if function is not None else names[0]
+        with self._call("clear"):
+            if self._client.incr(name, 1, noreply=False) is None:
+                self._client.add(name, b"1", noreply=False)
+        return 0
+
+    def entries(self, namespace: str | None = None) -> Iterator[EntryInfo]:
+        """Memcached cannot list its keys: nothing to show."""
+        return iter(())
+
+    def stats(self) -> dict[str, Any]:
+        return {"backend": "memcached", "url": self.url, "entries": 0, "bytes": 0,
+                "breaker": self.breaker.state}
+
+    @contextlib.contextmanager
+    def lock(self, key: Key, timeout: float) -> Iterator[bool]:
+        """An ``add``-based lock that expires if its owner dies."""
+        with self._call("lock"):
+            name = self._name(key) + ":lock"
+        token = secrets.token_hex(16).encode()
+        ttl = max(int(timeout + 0.999), 1)
+        deadline = time.monotonic() + timeout
+        delay = 0.002
+        while True:
+            with self._call("lock"):
+                if self._client.add(name, token, expire=ttl, noreply=False):
+                    break
+            if time.monotonic() >= deadline:
+                yield False
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        try:
+            yield True
+        finally:
+            with contextlib.suppress(BackendError), self._call("unlock"):
+                # only the owner releases; memcached has no compare-and-delete, so a lock that
+                # expired and was taken by another caller in between could be dropped early
+                if self._client.get(name) == token:
+                    self._client.delete(name, noreply=False)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _parse(url: str) -> list[tuple[str, int]]:
+    parts = urlsplit(url)
+    if parts.scheme != "memcached":
+        raise ValueError(f"not a memcached URL: {url!r}")
+    servers = []
+    for address in parts.netloc.split(","):
+        host, _, port = address.rpartition(":")
+        servers.append((host or "127.0.0.1", int(port or 11211)))
+    return servers
