@@ -112,20 +112,29 @@ class ArrowSerializer:
         except (pa.ArrowException, OSError) as exc:
             raise CorruptEntryError(f"unreadable Arrow IPC stream: {exc}") from exc
         kind = meta["kind"]
-        target = self.return_format
-        if target == "auto":
-            target = kind
+        target = kind if self.return_format == "auto" else self.return_format
+        try:
+            return self._convert(table, target, kind, meta, sections[0])
+        except (pa.ArrowException, TypeError, ValueError, KeyError) as exc:
+            raise CorruptEntryError(f"cannot rebuild the stored {kind} value: {exc}") from exc
+
+    def _convert(self, table: pa.Table, target: str, kind: str, meta: dict[str, Any],
+                 section: memoryview) -> Any:
         if target in ("arrow", "stream"):
             return table
         if target == "batch":
-            return table.to_batches()[0] if table.num_rows else table.schema.empty_table()
+            batches = table.to_batches()
+            if len(batches) == 1:
+                return batches[0]
+            return table.combine_chunks().to_batches()[0] if table.num_rows else \
+                pa.RecordBatch.from_pylist([], schema=table.schema)
         if target in ("polars", "polars-lazy"):
             frame = _polars().from_arrow(table, rechunk=False)
             return frame.lazy() if target == "polars-lazy" else frame
         if target == "pandas":
-            return _to_pandas(table, meta if kind == "pandas" else {}, sections[0])
+            return _to_pandas(table, meta if kind == "pandas" else {}, section)
         if target == "columns":
-            return _to_columns(table, meta["columns"])
+            return _to_columns(table, meta["columns"], meta.get("series", {}))
         raise CorruptEntryError(f"unknown frame kind {kind!r} in entry")
 
 
@@ -191,7 +200,12 @@ def _table_source(kind: str, table: pa.Table, batch_bytes: int | None) -> _Sourc
 
 
 def _stream_source(kind: str, value: Any, batch_bytes: int | None) -> _Source:
-    reader = pa.RecordBatchReader.from_stream(value)
+    try:
+        reader = pa.RecordBatchReader.from_stream(value)
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        raise SerializationError(
+            f"{type(value).__qualname__} does not export a table-like Arrow stream: {exc}"
+        ) from exc
     used = False
 
     def batches() -> Iterator[pa.RecordBatch]:
@@ -221,6 +235,13 @@ def _from_columns(columns: dict[Any, Any], batch_bytes: int | None) -> _Source:
     table = pa.Table.from_arrays(arrays, names=list(columns))
     source = _table_source("columns", table, batch_bytes)
     source.meta["columns"] = kinds
+    # pandas values come back with their dtype, a Series with its name too (not its index:
+    # the columns of a dict share their row positions)
+    source.meta["series"] = {
+        name: [str(column.dtype), _labels.pack(getattr(column, "name", None))]
+        for (name, column), kind in zip(columns.items(), kinds, strict=True)
+        if kind in ("pandas", "pandas-array")
+    }
     return source
 
 
@@ -230,7 +251,9 @@ def _column(name: str, column: Any) -> tuple[str, Any]:
     try:
         if cls is list or cls is tuple:
             return cls.__name__, pa.array(column)
-        if isinstance(column, (pa.Array, pa.ChunkedArray)):
+        if isinstance(column, pa.Array):
+            return "array", column
+        if isinstance(column, pa.ChunkedArray):
             return "arrow", column
         if module == "numpy" and cls.__name__ == "ndarray":
             if column.ndim != 1:
@@ -241,7 +264,9 @@ def _column(name: str, column: Any) -> tuple[str, Any]:
         if cls is memoryview:
             import numpy as np
 
-            return "numpy", pa.array(np.asarray(column).ravel())
+            return "memoryview", pa.array(np.asarray(column).ravel())
+        if module == "pandas" and hasattr(column, "__arrow_array__"):
+            return "pandas-array", pa.array(column)
         if hasattr(column, "__arrow_array__") or hasattr(column, "__arrow_c_array__"):
             return "arrow", pa.array(column)
     except (pa.ArrowException, ValueError, TypeError) as exc:
@@ -251,9 +276,9 @@ def _column(name: str, column: Any) -> tuple[str, Any]:
     raise SerializationError(f"value for {name!r} is {cls.__qualname__}, not {_ACCEPTED}")
 
 
-def _to_columns(table: pa.Table, kinds: list[str]) -> dict[str, Any]:
+def _to_columns(table: pa.Table, kinds: list[str], series: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name, column, kind in zip(table.column_names, table.columns, kinds, strict=False):
+    for name, column, kind in zip(table.column_names, table.columns, kinds, strict=True):
         if kind == "list":
             out[name] = column.to_pylist()
         elif kind == "tuple":
@@ -261,7 +286,14 @@ def _to_columns(table: pa.Table, kinds: list[str]) -> dict[str, Any]:
         elif kind == "numpy":
             out[name] = column.to_numpy()
         elif kind == "pandas":
-            out[name] = column.to_pandas()
+            dtype, label = series[name]
+            out[name] = column.to_pandas().astype(dtype).rename(_labels.unpack(label))
+        elif kind == "pandas-array":
+            out[name] = column.to_pandas().astype(series[name][0]).array
+        elif kind == "memoryview":
+            out[name] = memoryview(column.to_numpy())
+        elif kind == "array":
+            out[name] = column.combine_chunks()
         else:
             out[name] = column
     return out
@@ -271,31 +303,23 @@ def _to_columns(table: pa.Table, kinds: list[str]) -> dict[str, Any]:
 
 
 def _from_pandas(df: Any, batch_bytes: int, split: bool) -> _Source:
-    import pandas as pd
-
     if not df.columns.is_unique:
         duplicated = sorted({repr(c) for c in df.columns[df.columns.duplicated()]})
         raise SerializationError(f"duplicate column labels {', '.join(duplicated)}")
     object_columns = [i for i, dtype in enumerate(df.dtypes) if _numpy_kind(dtype) == "O"]
-    # Arrow wants unique string field names; the real labels travel in the entry's metadata.
+    for position in object_columns:
+        _check_object_column(df, position)
+    # Arrow wants unique, plain string field names; the real labels travel in the metadata.
     renamed = df.set_axis([f"c{i}" for i in range(df.shape[1])], axis=1) \
         if _needs_renaming(df.columns) else df
     try:
         schema = pa.Schema.from_pandas(renamed, preserve_index=None)
-    except (pa.ArrowException, ValueError, TypeError) as exc:
+    except (pa.ArrowException, ValueError, TypeError, KeyError) as exc:
         raise SerializationError(f"{_which_column(df)}: {exc}") from exc
-    columns = df.columns
-    meta: dict[str, Any] = {
-        "labels": _labels.pack(list(columns)),
-        "names": _labels.pack(list(columns.names)),
-        "multi": isinstance(columns, pd.MultiIndex),
-        "dtype": None if isinstance(columns, pd.MultiIndex) else str(columns.dtype),
-        "renamed": renamed is not df,
-        "objects": object_columns,
-    }
+    meta = _pandas_meta(df, object_columns, renamed is not df)
     if object_columns:
         _check_round_trip(renamed, schema, meta, df)
-    step = len(df)  # numeric and Arrow-backed columns convert without copies: write them whole
+    step = max(len(df), 1)  # numeric and Arrow-backed columns convert without copies: whole
     if split or object_columns:
         nbytes = int(df.memory_usage(index=True, deep=False).sum())
         step = _rows_per_batch(nbytes, len(df), batch_bytes)
@@ -306,6 +330,8 @@ def _from_pandas(df: Any, batch_bytes: int, split: bool) -> _Source:
               for i, dtype in enumerate(renamed.dtypes) if _numpy_kind(dtype) == "f"]
 
     def batches() -> Iterator[pa.RecordBatch]:
+        # range(.., max(len, 1)): an empty frame still writes one (empty) batch, which carries
+        # the dictionaries of its categorical columns
         for start in range(0, max(len(renamed), 1), step):
             part = renamed.iloc[start : start + step]
             try:
@@ -316,9 +342,52 @@ def _from_pandas(df: Any, batch_bytes: int, split: bool) -> _Source:
                 if table.column(field_index).null_count:
                     values = pa.array(part.iloc[:, position].to_numpy(), from_pandas=False)
                     table = table.set_column(field_index, schema.field(field_index), values)
-            yield from table.to_batches()
+            produced = table.to_batches()
+            if not produced:  # a frame without rows: one empty batch, categories included
+                produced = [pa.RecordBatch.from_pandas(part, schema=schema, preserve_index=None)]
+            yield from produced
 
     return _Source("pandas", schema, batches, meta)
+
+
+def _pandas_meta(df: Any, object_columns: list[int], renamed: bool) -> dict[str, Any]:
+    """What Arrow's own pandas metadata does not restore exactly: column labels (any hashable,
+    MultiIndex, categorical), object dtypes, the dtypes of index levels (object, nullable with
+    NA), the index's freq, and the length of a frame without columns."""
+    import pandas as pd
+
+    columns, index = df.columns, df.index
+    meta: dict[str, Any] = {
+        "labels": _labels.pack(list(columns)),
+        "names": _labels.pack(list(columns.names)),
+        "multi": isinstance(columns, pd.MultiIndex),
+        "dtype": None if isinstance(columns, pd.MultiIndex) else str(columns.dtype),
+        "renamed": renamed,
+        "objects": object_columns,
+    }
+    if isinstance(columns, pd.CategoricalIndex):
+        meta["categories"] = _labels.pack(list(columns.categories))
+        meta["ordered"] = bool(columns.ordered)
+    meta["index_dtypes"] = [str(index.get_level_values(i).dtype) for i in range(index.nlevels)]
+    if isinstance(index, pd.DatetimeIndex) and index.freq is not None:
+        meta["freq"] = index.freqstr
+    if df.shape[1] == 0 and isinstance(index, pd.RangeIndex):
+        meta["range"] = [index.start, index.stop, index.step, _labels.pack(index.name)]
+    return meta
+
+
+def _check_object_column(df: Any, position: int) -> None:
+    """An object column reads back exactly only if its values are all of one type."""
+    import pandas as pd
+
+    column = df.iloc[:, position]
+    kinds = {type(v) for v in column[~pd.isna(column)]} if len(column) else set()
+    if len(kinds) > 1:
+        names = ", ".join(sorted(k.__qualname__ for k in kinds))
+        raise SerializationError(
+            f"column {df.columns[position]!r} (dtype object) mixes {names} values, which would "
+            "not read back as they are; convert the column to one typed dtype first"
+        )
 
 
 def _numpy_kind(dtype: Any) -> str | None:
@@ -330,9 +399,12 @@ def _numpy_kind(dtype: Any) -> str | None:
 
 
 def _needs_renaming(columns: Any) -> bool:
+    """Anything but a plain Index of ordinary string labels travels in the metadata."""
     import pandas as pd
 
-    return isinstance(columns, pd.MultiIndex) or not all(type(c) is str for c in columns)
+    return type(columns) is not pd.Index or not all(
+        type(c) is str and not c.startswith("__") for c in columns
+    )
 
 
 def _which_column(df: Any) -> str:
@@ -348,7 +420,14 @@ def _which_column(df: Any) -> str:
 def _check_round_trip(renamed: Any, schema: pa.Schema, meta: dict[str, Any], df: Any) -> None:
     """Refuse object columns whose values would come back as other types (lists as arrays,
     mixed objects coerced): a stored frame must read back exactly as it was."""
-    head = renamed.iloc[:50]
+    import numpy as np
+    import pandas as pd
+
+    # the first non-null values of each object column (_check_object_column made sure each
+    # column holds values of one type)
+    rows = sorted({int(i) for p in meta["objects"]
+                   for i in np.flatnonzero(~pd.isna(renamed.iloc[:, p]))[:20]})
+    head = renamed.iloc[rows]
     back = _to_pandas(pa.Table.from_pandas(head, schema=schema, preserve_index=None), meta, None)
     for position in meta["objects"]:
         before, after = head.iloc[:, position], back.iloc[:, position]
@@ -371,20 +450,40 @@ def _is_na(value: Any) -> bool:
 
 
 def _to_pandas(table: pa.Table, meta: dict[str, Any], section: memoryview | None) -> Any:
-    import pandas as pd
-
     table, owned = _join_numeric_chunks(table)
     df = _writable_frame(table.to_pandas(split_blocks=True), section, owned)
-    if not meta:
-        return df
+    return _restore_pandas(df, meta) if meta else df
+
+
+def _restore_pandas(df: Any, meta: dict[str, Any]) -> Any:
+    """Undo what Arrow's pandas metadata cannot: see :func:`_pandas_meta`."""
+    import pandas as pd
+
+    if "range" in meta and df.shape[1] == 0:
+        start, stop, step, name = meta["range"]
+        df = pd.DataFrame(index=pd.RangeIndex(start, stop, step, name=_labels.unpack(name)))
     for position in meta["objects"]:
         df.isetitem(position, df.iloc[:, position].astype(object))
     labels = _labels.unpack(meta["labels"])
     names = _labels.unpack(meta["names"])
     if meta["multi"]:
         df.columns = pd.MultiIndex.from_tuples(labels, names=names)
+    elif "categories" in meta:
+        df.columns = pd.CategoricalIndex(
+            labels, categories=_labels.unpack(meta["categories"]), ordered=meta["ordered"],
+            name=names[0],
+        )
     elif meta["renamed"] or str(df.columns.dtype) != meta["dtype"]:
-        df.columns = pd.Index(labels, dtype=meta["dtype"], name=names[0])
+        df.columns = pd.Index(labels, dtype=meta["dtype"], name=names[0], tupleize_cols=False)
+    dtypes = meta.get("index_dtypes", [])
+    if isinstance(df.index, pd.MultiIndex):
+        levels = [level if str(level.dtype) == dtype else level.astype(dtype)
+                  for level, dtype in zip(df.index.levels, dtypes, strict=False)]
+        df.index = df.index.set_levels(levels)
+    elif dtypes and str(df.index.dtype) != dtypes[0]:
+        df.index = df.index.astype(dtypes[0])
+    if "freq" in meta:
+        df.index = pd.DatetimeIndex(df.index, freq=meta["freq"])
     return df
 
 

@@ -13,8 +13,10 @@ class Serializer(Protocol):
     """A strategy that turns values into sections and back.
 
     ``name`` is recorded in every entry, so an entry is always decoded by the serializer that
-    wrote it. ``decode`` receives views into the stored buffer (possibly a memory map): it should
-    keep them rather than copy when the value can share their memory.
+    wrote it. ``decode`` receives views into the stored buffer (possibly a memory map) and should
+    keep them rather than copy when the value can share their memory. A writable buffer belongs
+    to this one result (a private map or read-in copy): the value may view it and be written to;
+    a read-only one may be shared, so a value that must be writable copies from it.
     """
 
     @property
