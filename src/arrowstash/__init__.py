@@ -2,8 +2,13 @@
 
 from typing import Any
 
-from arrowstash import backends as _backends
-from arrowstash.backends import Backend, FileBackend, MemoryBackend
+from arrowstash.backends import (
+    Backend,
+    FileBackend,
+    MemcachedBackend,
+    MemoryBackend,
+    RedisBackend,
+)
 from arrowstash.decorator import DEFAULT, CachedFunction, CacheInfo, cache
 from arrowstash.entry import Key
 from arrowstash.errors import (
@@ -28,8 +33,6 @@ def __getattr__(name: str) -> Any:
         from arrowstash.serializers.arrow import ArrowSerializer
 
         return ArrowSerializer
-    if name in ("RedisBackend", "MemcachedBackend"):  # their clients are optional extras
-        return getattr(_backends, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import functools
 import inspect
@@ -13,15 +12,18 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from arrowstash import backends, config
-from arrowstash.backends.base import Backend
+from arrowstash.backends.base import Backend, Held
 from arrowstash.entry import Entry, Key, materialize, parse_entry, signature_valid
 from arrowstash.errors import BackendError, CorruptEntryError, SerializationError
 from arrowstash.keys import KeyMaker
 from arrowstash.l1 import L1, L1Item
 from arrowstash.serializers import AutoSerializer, Serializer, for_backend, resolve
+
+if TYPE_CHECKING:
+    import asyncio
 
 log = logging.getLogger("arrowstash.cache")
 
@@ -82,13 +84,20 @@ class _Flights:
         self._guard = threading.Lock()
 
     @contextmanager
-    def hold(self, digest: bytes) -> Iterator[None]:
+    def hold(self, digest: bytes) -> Iterator[bool]:
+        """Hold the key's lock; yields whether another caller held it first."""
         with self._guard:
             slot = self._locks.setdefault(digest, [threading.Lock(), 0])
             slot[1] += 1
+        lock = slot[0]
         try:
-            with slot[0]:
-                yield
+            waited = not lock.acquire(blocking=False)
+            if waited:
+                lock.acquire()
+            try:
+                yield waited
+            finally:
+                lock.release()
         finally:
             with self._guard:
                 slot[1] -= 1
@@ -297,12 +306,13 @@ class _Core:
         )
 
     @contextmanager
-    def locked(self, key: Key) -> Iterator[bool | None]:
-        """Hold the backend's stampede lock of ``key``: yields None where there is none, else
-        whether it was taken before ``lock_timeout``. A lock the backend cannot take is a logged
-        backend failure: the caller computes without it."""
+    def locked(self, key: Key) -> Iterator[Held]:
+        """Hold the backend's stampede lock of ``key``, if it has one and ``lock`` is on.
+
+        Yields Held.FREE where there is no lock to wait for. A lock the backend cannot take is
+        a logged backend failure: the caller computes without it (Held.TIMEOUT)."""
         if self.backend is None or not self.lock:
-            yield None
+            yield Held.FREE
             return
         entered = False
         try:
@@ -313,7 +323,7 @@ class _Core:
             if entered:
                 raise
             self._failed("backend lock", exc)
-            yield False
+            yield Held.TIMEOUT
 
     def record_hit(self, started: float, layer_l1: bool) -> None:
         stats = self.stats
@@ -382,14 +392,14 @@ class CachedFunction:
         if value is not _MISSING:
             core.record_hit(started, False)
             return value
-        with core.flights.hold(digest):
-            value = self._lookup(key)  # another thread may have stored it while we waited
-            if value is not _MISSING:
-                core.record_hit(started, False)
-                return value
+        with core.flights.hold(digest) as waited:
+            if waited:  # another thread may have stored it while we waited
+                value = self._lookup(key)
+                if value is not _MISSING:
+                    core.record_hit(started, False)
+                    return value
             with core.locked(key) as held:
-                if held is not None:
-                    # another process may have stored it while we waited
+                if held is not Held.FREE:  # another process may have stored it meanwhile
                     value = core.backend_get(key, report=False)
                     if value is not _MISSING:
                         core.record_hit(started, False)
@@ -435,6 +445,8 @@ class AsyncCachedFunction(CachedFunction):
     """The async shell: the same stages, with backend I/O and waits run off the event loop."""
 
     def __init__(self, core: _Core) -> None:
+        import asyncio  # only async functions pay for importing it
+
         super().__init__(core)
         self._flights: dict[bytes, asyncio.Future[None]] = {}
         if hasattr(inspect, "markcoroutinefunction"):  # Python 3.12+
@@ -443,6 +455,8 @@ class AsyncCachedFunction(CachedFunction):
             self._is_coroutine = asyncio.coroutines._is_coroutine  # type: ignore[attr-defined]
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import asyncio
+
         core = self._core
         started = time.perf_counter()
         digest = core.keys(args, kwargs)
@@ -470,11 +484,13 @@ class AsyncCachedFunction(CachedFunction):
 
     async def _compute_locked(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any],
                               started: float) -> Any:
+        import asyncio
+
         core = self._core
         lock = core.locked(key)
         held = await asyncio.to_thread(lock.__enter__)
         try:
-            if held is not None:
+            if held is not Held.FREE:
                 value = await asyncio.to_thread(core.backend_get, key, False)
                 if value is not _MISSING:
                     core.record_hit(started, False)
@@ -487,6 +503,8 @@ class AsyncCachedFunction(CachedFunction):
             await asyncio.to_thread(lock.__exit__, None, None, None)
 
     async def refresh(self, *args: Any, **kwargs: Any) -> Any:
+        import asyncio
+
         key = self.cache_key(*args, **kwargs)
         value = await self._core.func(*args, **kwargs)
         await asyncio.to_thread(self._core.store, key, value)

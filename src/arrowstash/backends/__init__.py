@@ -2,37 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 from urllib.parse import unquote, urlsplit
 
 from arrowstash import config
 from arrowstash.backends.base import Backend, EntryInfo, Stored
 from arrowstash.backends.file import FileBackend
+from arrowstash.backends.memcached import MemcachedBackend
 from arrowstash.backends.memory import MemoryBackend
+from arrowstash.backends.redis import RedisBackend
 
 __all__ = ["Backend", "EntryInfo", "FileBackend", "MemcachedBackend", "MemoryBackend",
            "RedisBackend", "Stored", "default_backend", "from_url"]
 
-#: URL schemes of the network backends, imported on first use (their clients are extras).
-_NETWORK = {
-    "redis": "RedisBackend",
-    "rediss": "RedisBackend",
-    "unix": "RedisBackend",
-    "redis+cluster": "RedisBackend",
-    "memcached": "MemcachedBackend",
+#: URL schemes of the network backends.
+_NETWORK: dict[str, Callable[[str], Backend]] = {
+    "redis": RedisBackend,
+    "rediss": RedisBackend,
+    "unix": RedisBackend,
+    "redis+cluster": RedisBackend,
+    "memcached": MemcachedBackend,
 }
-
-
-def __getattr__(name: str) -> Any:
-    if name == "RedisBackend":
-        from arrowstash.backends.redis import RedisBackend
-
-        return RedisBackend
-    if name == "MemcachedBackend":
-        from arrowstash.backends.memcached import MemcachedBackend
-
-        return MemcachedBackend
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def from_url(url: str) -> Backend:
@@ -48,8 +38,7 @@ def from_url(url: str) -> Backend:
     if scheme == "memory":
         return MemoryBackend()
     if scheme in _NETWORK:
-        backend: Backend = __getattr__(_NETWORK[scheme])(url)
-        return backend
+        return _NETWORK[scheme](url)
     raise ValueError(
         f"backend URL {url!r}: unsupported scheme {scheme!r} (supported: file://, memory://, "
         f"{', '.join(s + '://' for s in _NETWORK)})"

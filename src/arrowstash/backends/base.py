@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from arrowstash.entry import ALIGN, Encoded, Key, read_header, read_trailer
@@ -38,6 +39,14 @@ class EntryInfo:
     location: str
 
 
+class Held(IntEnum):
+    """What taking a stampede lock gave; false only when it timed out."""
+
+    TIMEOUT = 0
+    FREE = 1  # taken at the first try: nobody else was computing
+    WAITED = 2  # taken after waiting: the holder may have stored the value meanwhile
+
+
 @runtime_checkable
 class Backend(Protocol):
     """A cache store. Implementations raise :class:`~arrowstash.BackendError` on store failures.
@@ -64,8 +73,8 @@ class Backend(Protocol):
 
     def stats(self) -> dict[str, Any]: ...
 
-    def lock(self, key: Key, timeout: float) -> AbstractContextManager[bool]:
-        """Hold the stampede lock of ``key`` (True) or give up after ``timeout`` (False)."""
+    def lock(self, key: Key, timeout: float) -> AbstractContextManager[Held]:
+        """Hold the stampede lock of ``key``, or give up after ``timeout`` (Held.TIMEOUT)."""
 
 
 def describe(header_bytes: Any, trailer_bytes: Any, size: int, location: str) -> EntryInfo:

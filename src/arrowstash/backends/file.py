@@ -21,7 +21,7 @@ from typing import Any
 import xxhash
 
 from arrowstash.backends._mmap import map_private
-from arrowstash.backends.base import EntryInfo, Stored, describe
+from arrowstash.backends.base import EntryInfo, Held, Stored, describe
 from arrowstash.entry import ALIGN, Encoded, Key, read_header, write_entry
 from arrowstash.errors import BackendError, CorruptEntryError
 
@@ -269,17 +269,18 @@ class FileBackend:
 
     # -- locks ------------------------------------------------------------------------------
 
-    def lock(self, key: Key, timeout: float) -> contextlib.AbstractContextManager[bool]:
+    def lock(self, key: Key, timeout: float) -> contextlib.AbstractContextManager[Held]:
         return self._exclusive(f".locks/{key.hex}.lock", timeout)
 
     @contextlib.contextmanager
-    def _exclusive(self, name: str, timeout: float) -> Iterator[bool]:
+    def _exclusive(self, name: str, timeout: float) -> Iterator[Held]:
         """An flock-held file; the holder unlinks it before unlocking, so waiters re-check that
         the file they locked is still the one at the path."""
         path = os.path.join(self.directory, name)
         deadline = time.monotonic() + timeout
         delay = 0.001
         fd = -1
+        waited = Held.FREE
         while True:
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -302,12 +303,13 @@ class FileBackend:
             os.close(fd)
             fd = -1
             if time.monotonic() >= deadline:
-                yield False
+                yield Held.TIMEOUT
                 return
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
+            waited = Held.WAITED
         try:
-            yield True
+            yield waited
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)

@@ -19,18 +19,9 @@ import msgpack
 import xxhash
 
 from arrowstash.backends._breaker import Breaker
-from arrowstash.backends.base import EntryInfo, Stored
+from arrowstash.backends.base import EntryInfo, Held, Stored
 from arrowstash.entry import Encoded, Key, entry_bytes
 from arrowstash.errors import BackendError
-
-try:
-    from pymemcache.client.base import Client
-    from pymemcache.client.hash import HashClient
-    from pymemcache.exceptions import MemcacheError
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "MemcachedBackend needs pymemcache: pip install 'arrowstash[memcached]'"
-    ) from exc
 
 _MANIFEST = b"\x89ASTCHUNK"
 _THIRTY_DAYS = 30 * 24 * 3600  # beyond this memcached reads an expiry as a Unix time
@@ -70,6 +61,15 @@ class MemcachedBackend:
             self.url = "memcached://" + ",".join(f"{h}:{p}" for h, p in servers)
         if not servers:
             raise ValueError("MemcachedBackend needs at least one server")
+        try:
+            from pymemcache.client.base import Client
+            from pymemcache.client.hash import HashClient
+            from pymemcache.exceptions import MemcacheError
+        except ImportError as exc:
+            raise ImportError(
+                "MemcachedBackend needs pymemcache: pip install 'arrowstash[memcached]'"
+            ) from exc
+        self._errors = (MemcacheError, OSError)
         options: dict[str, Any] = {"timeout": socket_timeout, "connect_timeout": connect_timeout}
         if len(servers) == 1:
             self._client: Any = Client(servers[0], **options)
@@ -89,7 +89,7 @@ class MemcachedBackend:
         self.breaker.before(f"memcached {what}")
         try:
             yield
-        except (MemcacheError, OSError) as exc:
+        except self._errors as exc:
             self.breaker.failure()
             raise BackendError(f"memcached {what} failed: {exc}") from exc
         self.breaker.success()
@@ -178,7 +178,7 @@ class MemcachedBackend:
                 "breaker": self.breaker.state}
 
     @contextlib.contextmanager
-    def lock(self, key: Key, timeout: float) -> Iterator[bool]:
+    def lock(self, key: Key, timeout: float) -> Iterator[Held]:
         """An ``add``-based lock that expires if its owner dies."""
         with self._call("lock"):
             name = self._name(key) + ":lock"
@@ -186,17 +186,19 @@ class MemcachedBackend:
         ttl = max(int(timeout + 0.999), 1)
         deadline = time.monotonic() + timeout
         delay = 0.002
+        waited = Held.FREE
         while True:
             with self._call("lock"):
                 if self._client.add(name, token, expire=ttl, noreply=False):
                     break
             if time.monotonic() >= deadline:
-                yield False
+                yield Held.TIMEOUT
                 return
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
+            waited = Held.WAITED
         try:
-            yield True
+            yield waited
         finally:
             with contextlib.suppress(BackendError), self._call("unlock"):
                 # only the owner releases; memcached has no compare-and-delete, so a lock that

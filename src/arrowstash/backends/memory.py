@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from arrowstash.backends.base import EntryInfo, Stored, describe_buffer
+from arrowstash.backends.base import EntryInfo, Held, Stored, describe_buffer
 from arrowstash.entry import Encoded, Key, entry_bytes
 
 
@@ -67,7 +67,7 @@ class MemoryBackend:
         items = list(self._data.values())
         return {"backend": "memory", "entries": len(items), "bytes": sum(len(d) for d, _ in items)}
 
-    def lock(self, key: Key, timeout: float) -> AbstractContextManager[bool]:
+    def lock(self, key: Key, timeout: float) -> AbstractContextManager[Held]:
         # The decorator already serialises callers within this process, the only place this
         # store is visible from.
-        return nullcontext(True)
+        return nullcontext(Held.FREE)

@@ -19,15 +19,19 @@ from urllib.parse import urlsplit
 import msgpack
 
 from arrowstash.backends._breaker import Breaker
-from arrowstash.backends.base import EntryInfo, Stored, describe
+from arrowstash.backends.base import EntryInfo, Held, Stored, describe
 from arrowstash.entry import ALIGN, Encoded, Key, entry_bytes, read_header
 from arrowstash.errors import BackendError, CorruptEntryError
 
-try:
-    import redis
-    from redis.cluster import ClusterNode, RedisCluster
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("RedisBackend needs redis-py: pip install 'arrowstash[redis]'") from exc
+
+def _redis() -> Any:
+    """redis-py, imported when a backend is made (it is an extra)."""
+    try:
+        import redis
+        import redis.cluster
+    except ImportError as exc:
+        raise ImportError("RedisBackend needs redis-py: pip install 'arrowstash[redis]'") from exc
+    return redis
 
 _MANIFEST = b"\x89ASTCHUNK"
 # Set a key and hand back the value it replaces if (and only if) that was a chunk manifest, so
@@ -84,13 +88,15 @@ class RedisBackend:
     ) -> None:
         if chunk_bytes < 1024:
             raise ValueError(f"chunk_bytes must be at least 1024, not {chunk_bytes!r}")
+        redis = _redis()
+        self._errors = (redis.RedisError, OSError)
         if isinstance(url_or_client, str):
             self.url = url_or_client
             self._client = _connect(url_or_client, socket_timeout, connect_timeout)
         else:
             self.url = repr(url_or_client)
             self._client = url_or_client
-        self.cluster = isinstance(self._client, RedisCluster)
+        self.cluster = isinstance(self._client, redis.cluster.RedisCluster)
         self.prefix = _part(prefix)
         self.chunk_bytes = chunk_bytes
         self.breaker = Breaker(breaker_failures, breaker_cooldown)
@@ -106,7 +112,7 @@ class RedisBackend:
         self.breaker.before(f"redis {what}")
         try:
             yield
-        except (redis.RedisError, OSError) as exc:
+        except self._errors as exc:
             self.breaker.failure()
             raise BackendError(f"redis {what} failed: {exc}") from exc
         self.breaker.success()
@@ -242,24 +248,26 @@ class RedisBackend:
                 "breaker": self.breaker.state}
 
     @contextlib.contextmanager
-    def lock(self, key: Key, timeout: float) -> Iterator[bool]:
+    def lock(self, key: Key, timeout: float) -> Iterator[Held]:
         """``SET lock token NX PX``: expires if its owner dies, released only by its owner."""
         name = self._name(key) + ":lock"
         token = secrets.token_hex(16)
         ttl_ms = max(int(timeout * 1000), 1000)
         deadline = time.monotonic() + timeout
         delay = 0.002
+        waited = Held.FREE
         while True:
             with self._call("lock"):
                 if self._client.set(name, token, nx=True, px=ttl_ms):
                     break
             if time.monotonic() >= deadline:
-                yield False
+                yield Held.TIMEOUT
                 return
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
+            waited = Held.WAITED
         try:
-            yield True
+            yield waited
         finally:
             with contextlib.suppress(BackendError), self._call("unlock"):
                 self._release(keys=[name], args=[token])
@@ -282,13 +290,14 @@ def _connect(url: str, socket_timeout: float, connect_timeout: float) -> Any:
     options: dict[str, Any] = {
         "socket_timeout": socket_timeout, "socket_connect_timeout": connect_timeout,
     }
+    redis = _redis()
     parts = urlsplit(url)
     if parts.scheme == "redis+cluster":
         nodes = []
         for address in parts.netloc.split(","):
             host, _, port = address.rpartition(":")
-            nodes.append(ClusterNode(host or "127.0.0.1", int(port or 6379)))  # type: ignore[no-untyped-call]
-        return RedisCluster(startup_nodes=nodes, **options)
+            nodes.append(redis.cluster.ClusterNode(host or "127.0.0.1", int(port or 6379)))
+        return redis.cluster.RedisCluster(startup_nodes=nodes, **options)
     if parts.scheme not in ("redis", "rediss", "unix"):
         raise ValueError(f"not a Redis URL: {url!r}")
     return redis.Redis.from_url(url, **options)
