@@ -33,6 +33,8 @@ class _Source:
     schema: pa.Schema
     batches: Callable[[], Iterator[pa.RecordBatch]]
     meta: dict[str, Any] = field(default_factory=dict)
+    #: The whole value as one table, where converting it costs no copy (else None).
+    whole: Callable[[], pa.Table] | None = None
 
 
 @dataclass(frozen=True)
@@ -89,14 +91,23 @@ class ArrowSerializer:
             compression=pa.Codec(codec, self.compression_level) if codec else None,
             use_threads=True,
         )
-
-        def write(sink: Any) -> None:
-            with pa.ipc.new_stream(sink, source.schema, options=options) as writer:
-                for batch in source.batches():
-                    writer.write_batch(batch)
-
         meta = {"kind": source.kind, **source.meta}
-        return Encoded(self.name, meta, [write], FLAG_COMPRESSED if codec else 0)
+        flags = FLAG_COMPRESSED if codec else 0
+        if codec is None and source.whole is not None:
+            table = source.whole()
+            groups = _layout_groups(table)
+            if len(groups) > 1:
+                # Columns chunked differently (pandas 3 strings from read_csv or concat, say)
+                # would force every column into the same batches, and a hit to join numeric
+                # chunks again. Each chunk layout gets its own stream instead, after a stream
+                # holding only the full schema.
+                meta["groups"] = groups
+                sections = [_stream(table.schema, list, options)]
+                for group in groups:
+                    part = table.select(group).replace_schema_metadata(None)
+                    sections.append(_stream(part.schema, part.to_batches, options))
+                return Encoded(self.name, meta, sections, flags)
+        return Encoded(self.name, meta, [_stream(source.schema, source.batches, options)], flags)
 
     def serialize(self, value: Any) -> bytes:
         """The value's Arrow IPC stream as bytes (for use outside a cache)."""
@@ -108,18 +119,18 @@ class ArrowSerializer:
 
     def decode(self, meta: Any, sections: Sequence[memoryview]) -> Any:
         try:
-            table = pa.ipc.open_stream(pa.py_buffer(sections[0])).read_all()
-        except (pa.ArrowException, OSError) as exc:
+            table = _read_table(meta, sections)
+        except (pa.ArrowException, OSError, IndexError) as exc:
             raise CorruptEntryError(f"unreadable Arrow IPC stream: {exc}") from exc
         kind = meta["kind"]
         target = kind if self.return_format == "auto" else self.return_format
         try:
-            return self._convert(table, target, kind, meta, sections[0])
+            return self._convert(table, target, kind, meta, sections)
         except (pa.ArrowException, TypeError, ValueError, KeyError) as exc:
             raise CorruptEntryError(f"cannot rebuild the stored {kind} value: {exc}") from exc
 
     def _convert(self, table: pa.Table, target: str, kind: str, meta: dict[str, Any],
-                 section: memoryview) -> Any:
+                 sections: Sequence[memoryview]) -> Any:
         if target in ("arrow", "stream"):
             return table
         if target == "batch":
@@ -132,10 +143,43 @@ class ArrowSerializer:
             frame = _polars().from_arrow(table, rechunk=False)
             return frame.lazy() if target == "polars-lazy" else frame
         if target == "pandas":
-            return _to_pandas(table, meta if kind == "pandas" else {}, section)
+            return _to_pandas(table, meta if kind == "pandas" else {}, sections)
         if target == "columns":
             return _to_columns(table, meta["columns"], meta.get("series", {}))
         raise CorruptEntryError(f"unknown frame kind {kind!r} in entry")
+
+
+def _stream(
+    schema: pa.Schema, batches: Callable[[], Any], options: pa.ipc.IpcWriteOptions
+) -> Callable[[Any], None]:
+    """A section writer: the IPC stream of ``batches()``, written as they come."""
+
+    def write(sink: Any) -> None:
+        with pa.ipc.new_stream(sink, schema, options=options) as writer:
+            for batch in batches():
+                writer.write_batch(batch)
+
+    return write
+
+
+def _layout_groups(table: pa.Table) -> list[list[int]]:
+    """Column positions grouped by chunk layout."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for position, column in enumerate(table.columns):
+        groups.setdefault(tuple(len(chunk) for chunk in column.chunks), []).append(position)
+    return list(groups.values())
+
+
+def _read_table(meta: dict[str, Any], sections: Sequence[memoryview]) -> pa.Table:
+    if "groups" not in meta:
+        return pa.ipc.open_stream(pa.py_buffer(sections[0])).read_all()
+    schema = pa.ipc.open_stream(pa.py_buffer(sections[0])).schema
+    columns: list[Any] = [None] * len(schema)
+    for group, section in zip(meta["groups"], sections[1:], strict=True):
+        part = pa.ipc.open_stream(pa.py_buffer(section)).read_all()
+        for j, position in enumerate(group):
+            columns[position] = part.column(j)
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _polars() -> Any:
@@ -196,7 +240,8 @@ def _rebatch(
 
 
 def _table_source(kind: str, table: pa.Table, batch_bytes: int | None) -> _Source:
-    return _Source(kind, table.schema, lambda: _rebatch(iter(table.to_batches()), batch_bytes))
+    return _Source(kind, table.schema, lambda: _rebatch(iter(table.to_batches()), batch_bytes),
+                   whole=lambda: table)
 
 
 def _stream_source(kind: str, value: Any, batch_bytes: int | None) -> _Source:
@@ -324,7 +369,7 @@ def _from_pandas(df: Any, batch_bytes: int, split: bool) -> _Source:
     floats = [(schema.get_field_index(str(renamed.columns[i])), i)
               for i, dtype in enumerate(renamed.dtypes) if _numpy_kind(dtype) == "f"]
 
-    def convert(part: Any) -> list[pa.RecordBatch]:
+    def convert(part: Any) -> pa.Table:
         try:
             table = pa.Table.from_pandas(part, schema=schema, preserve_index=None)
         except (pa.ArrowException, ValueError, TypeError) as exc:
@@ -333,8 +378,11 @@ def _from_pandas(df: Any, batch_bytes: int, split: bool) -> _Source:
             if table.column(field_index).null_count:
                 values = pa.array(part.iloc[:, position].to_numpy(), from_pandas=False)
                 table = table.set_column(field_index, schema.field(field_index), values)
+        return table
+
+    def batches_of(part: Any) -> list[pa.RecordBatch]:
         # a frame without rows still writes one (empty) batch: it carries the categories
-        return table.to_batches() or [
+        return convert(part).to_batches() or [
             pa.RecordBatch.from_pandas(part, schema=schema, preserve_index=None)
         ]
 
@@ -342,15 +390,16 @@ def _from_pandas(df: Any, batch_bytes: int, split: bool) -> _Source:
         if not object_columns:
             # numeric and Arrow-backed columns convert without copies: convert the frame once,
             # then slice it (compressed) or write it whole
-            yield from _rebatch(iter(convert(renamed)), batch_bytes if split else None)
+            yield from _rebatch(iter(batches_of(renamed)), batch_bytes if split else None)
             return
         # object columns are copied by the conversion: a slice at a time bounds that copy
         nbytes = int(df.memory_usage(index=True, deep=False).sum())
         step = _rows_per_batch(nbytes, len(df), batch_bytes)
         for start in range(0, max(len(renamed), 1), step):
-            yield from convert(renamed.iloc[start : start + step])
+            yield from batches_of(renamed.iloc[start : start + step])
 
-    return _Source("pandas", schema, batches, meta)
+    whole = (lambda: convert(renamed)) if not object_columns and len(df) else None
+    return _Source("pandas", schema, batches, meta, whole)
 
 
 def _pandas_meta(df: Any, object_columns: list[int], renamed: bool) -> dict[str, Any]:
@@ -431,7 +480,7 @@ def _check_round_trip(renamed: Any, schema: pa.Schema, meta: dict[str, Any], df:
     rows = sorted({int(i) for p in meta["objects"]
                    for i in np.flatnonzero(~pd.isna(renamed.iloc[:, p]))[:20]})
     head = renamed.iloc[rows]
-    back = _to_pandas(pa.Table.from_pandas(head, schema=schema, preserve_index=None), meta, None)
+    back = _to_pandas(pa.Table.from_pandas(head, schema=schema, preserve_index=None), meta, [])
     for position in meta["objects"]:
         before, after = head.iloc[:, position], back.iloc[:, position]
         for a, b in zip(before, after, strict=False):
@@ -452,9 +501,9 @@ def _is_na(value: Any) -> bool:
         return False
 
 
-def _to_pandas(table: pa.Table, meta: dict[str, Any], section: memoryview | None) -> Any:
+def _to_pandas(table: pa.Table, meta: dict[str, Any], sections: Sequence[memoryview]) -> Any:
     table, owned = _join_numeric_chunks(table)
-    df = _writable_frame(table.to_pandas(split_blocks=True), section, owned)
+    df = _writable_frame(table.to_pandas(split_blocks=True), sections, owned)
     return _restore_pandas(df, meta) if meta else df
 
 
@@ -508,7 +557,7 @@ def _join_numeric_chunks(table: pa.Table) -> tuple[pa.Table, dict[int, Any]]:
     return (pa.Table.from_arrays(columns, schema=table.schema) if owned else table), owned
 
 
-def _writable_frame(df: Any, section: memoryview | None, owned: dict[int, Any]) -> Any:
+def _writable_frame(df: Any, sections: Sequence[memoryview], owned: dict[int, Any]) -> Any:
     """Make every column of a frame that Arrow built over ``section`` writable.
 
     pyarrow hands out read-only NumPy views of its buffers. When the entry is a private
@@ -520,10 +569,11 @@ def _writable_frame(df: Any, section: memoryview | None, owned: dict[int, Any]) 
     import numpy as np
     import pandas as pd
 
-    base = end = 0
-    if section is not None and not section.readonly:
-        base = pa.py_buffer(section).address
-        end = base + section.nbytes
+    ranges = []
+    for section in sections:
+        if not section.readonly:
+            base = pa.py_buffer(section).address
+            ranges.append((base, base + section.nbytes, section))
     columns = {}
     for position in range(df.shape[1]):
         values = df.iloc[:, position].array
@@ -532,10 +582,12 @@ def _writable_frame(df: Any, section: memoryview | None, owned: dict[int, Any]) 
                 and not array.flags.writeable:
             address = array.__array_interface__["data"][0]
             mine = owned.get(address)
+            inside = [(base, section) for base, end, section in ranges
+                      if base <= address and address + array.nbytes <= end]
             if mine is not None and mine.dtype == array.dtype and mine.size == array.size:
                 values = mine
-            elif array.flags.c_contiguous and base <= address and address + array.nbytes <= end:
-                assert section is not None  # base == end == 0 otherwise
+            elif array.flags.c_contiguous and inside:
+                base, section = inside[0]
                 values = np.frombuffer(section, array.dtype, array.size, address - base)
             else:
                 values = array.copy()
