@@ -166,6 +166,8 @@ class _Core:
         self.flights = _Flights()
         self._warned: set[type] = set()
         self._parsed: dict[Any, Entry] = {}  # validated headers of unchanged stored entries
+        self._unsafe_names: set[str] = set()  # serializers met that unpickle
+        self._by_name: dict[str, Serializer] = {}
 
     # -- stages -----------------------------------------------------------------------------
 
@@ -192,18 +194,22 @@ class _Core:
         if stored is None:
             return _MISSING
         try:
-            known = self._parsed.get(stored.fingerprint) if stored.fingerprint else None
+            fingerprint = stored.fingerprint
+            known = self._parsed.get(fingerprint) if fingerprint else None
             entry = parse_entry(stored.data, check_sections=not stored.mapped, known=known)
-            if entry.key != key:
-                raise CorruptEntryError("entry belongs to another key")
-            if stored.fingerprint and known is None:
-                if len(self._parsed) >= 256:
-                    self._parsed.clear()
-                self._parsed[stored.fingerprint] = entry._replace(sections=[])
-            if entry.header.expired(time.time()):
+            if known is None:
+                if entry.key != key:
+                    raise CorruptEntryError("entry belongs to another key")
+                if fingerprint:
+                    if len(self._parsed) >= 256:
+                        self._parsed.clear()
+                    self._parsed[fingerprint] = entry._replace(sections=[])
+            expires = entry.header.expires
+            if expires and expires <= time.time():
                 return _MISSING
             decoder = self._decoder(entry.serializer)
-            self._check_trust(entry, decoder)
+            if decoder.name in self._unsafe_names:
+                self._check_trust(entry)
             value = decoder.decode(entry.meta, entry.sections)
         except (CorruptEntryError, SerializationError) as exc:
             if not report:
@@ -282,11 +288,9 @@ class _Core:
     def _unsafe(serializer: Serializer) -> bool:
         return bool(getattr(serializer, "executes_code", False))
 
-    def _check_trust(self, entry: Entry, decoder: Serializer) -> None:
+    def _check_trust(self, entry: Entry) -> None:
         """Refuse to unpickle what this process cannot trust: entries of a code-running
         serializer must be signed when a secret is set, and may be unsigned only locally."""
-        if not self._unsafe(decoder):
-            return
         if self.secret:
             if not signature_valid(entry, self.secret):
                 raise CorruptEntryError("missing or wrong signature on a pickled entry")
@@ -294,7 +298,14 @@ class _Core:
             raise CorruptEntryError("pickled entry on a shared backend and no secret to check it")
 
     def _decoder(self, name: str) -> Serializer:
-        return self.serializer if name == self.serializer.name else self._decoders.member(name)
+        decoder = self._by_name.get(name)
+        if decoder is None:
+            decoder = self.serializer if name == self.serializer.name else \
+                self._decoders.member(name)
+            if self._unsafe(decoder):
+                self._unsafe_names.add(name)
+            self._by_name[name] = decoder
+        return decoder
 
     def _failed(self, what: str, exc: BackendError) -> None:
         if self.strict:
