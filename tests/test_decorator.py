@@ -854,12 +854,16 @@ def test_cache_clear_only_clears_this_function(backend: Backend) -> None:
     f(1)
     f(2)
     g(1)
-    assert f.cache_clear() == 2
+    # Memcached hides a cleared function's entries behind a generation and cannot count them,
+    # nor list entries (documented in backends/memcached.py)
+    memcached = type(backend).__name__ == "MemcachedBackend"
+    assert f.cache_clear() == (0 if memcached else 2)
     g(1)
     assert body.calls == [("f", 1), ("f", 2), ("g", 1)]
     f(1)
     assert body.calls[-1] == ("f", 1)
-    assert {e.function.rpartition(".")[2] for e in backend.entries()} == {"f", "g"}
+    assert {e.function.rpartition(".")[2] for e in backend.entries()} == (
+        set() if memcached else {"f", "g"})
 
 
 def test_cache_clear_clears_l1_too() -> None:

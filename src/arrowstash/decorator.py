@@ -39,6 +39,8 @@ class _Default:
 #: ``backend=None`` means L1 only.
 DEFAULT: Any = _Default()
 _MISSING: Any = object()
+#: A first look that found the backend failing: the call computes without it (one timeout).
+_UNREACHABLE: Any = object()
 _IMMUTABLE = frozenset({int, float, bool, str, bytes, type(None), complex})
 
 
@@ -181,16 +183,19 @@ class _Core:
         return item.value if item.load is None else item.load()
 
     def backend_get(self, key: Key, report: bool = True) -> Any:
-        """The stored value, or _MISSING when absent, expired, unreadable or undecodable;
-        failures are logged and counted when ``report`` is set."""
+        """The stored value, or _MISSING when absent, expired, unreadable or undecodable.
+
+        With ``report`` (a call's first look) failures are logged and counted, and a failing
+        backend gives _UNREACHABLE, so that the call spends no more time on it."""
         if self.backend is None:
             return _MISSING
         try:
             stored = self.backend.get(key)
         except BackendError as exc:
-            if report:
-                self._failed("backend read", exc)
-            return _MISSING
+            if not report:
+                return _MISSING
+            self._failed("backend read", exc)
+            return _UNREACHABLE
         if stored is None:
             return _MISSING
         try:
@@ -225,7 +230,7 @@ class _Core:
                          entry.header.expires)
         return value
 
-    def store(self, key: Key, value: Any) -> None:
+    def store(self, key: Key, value: Any, to_backend: bool = True) -> None:
         created = time.time()
         expires = created + self.ttl if self.ttl is not None else 0.0
         try:
@@ -238,9 +243,9 @@ class _Core:
                         f"{type(value).__qualname__} values need pickling, which a shared "
                         "backend allows only with a secret (secret= or ARROWSTASH_SECRET)"
                     )
-            if self.backend is None and self.l1 is not None:
+            if (self.backend is None or not to_backend) and self.l1 is not None:
                 encoded = materialize(encoded)  # L1 is the only store: it needs the bytes
-            if self.backend is not None:
+            if self.backend is not None and to_backend:
                 self.stats.bytes_stored += self.backend.set(
                     key, encoded, created=created, expires=expires or None
                 )
@@ -400,6 +405,8 @@ class CachedFunction:
                 return value
         key = core.key(digest)
         value = core.backend_get(key)
+        if value is _UNREACHABLE:
+            return self._compute(key, args, kwargs, started, to_backend=False)
         if value is not _MISSING:
             core.record_hit(started, False)
             return value
@@ -423,9 +430,9 @@ class CachedFunction:
         return value if value is not _MISSING else self._core.backend_get(key, report=False)
 
     def _compute(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 started: float) -> Any:
+                 started: float, to_backend: bool = True) -> Any:
         value = self._core.func(*args, **kwargs)
-        self._core.store(key, value)
+        self._core.store(key, value, to_backend)
         self._core.record_miss(started)
         return value
 
@@ -476,8 +483,13 @@ class AsyncCachedFunction(CachedFunction):
             core.record_hit(started, True)
             return value
         key = core.key(digest)
+        value = await asyncio.to_thread(core.backend_get, key)
+        if value is _UNREACHABLE:
+            value = await core.func(*args, **kwargs)
+            await asyncio.to_thread(core.store, key, value, False)
+            core.record_miss(started)
+            return value
         while True:
-            value = await asyncio.to_thread(self._lookup, key)
             if value is not _MISSING:
                 core.record_hit(started, False)
                 return value
@@ -485,6 +497,7 @@ class AsyncCachedFunction(CachedFunction):
             if pending is None:
                 break
             await asyncio.shield(pending)  # another task is computing it: wait, then look again
+            value = await asyncio.to_thread(self._lookup, key)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._flights[digest] = done
         try:

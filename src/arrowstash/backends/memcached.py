@@ -15,15 +15,14 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-import msgpack
 import xxhash
 
 from arrowstash.backends._breaker import Breaker
+from arrowstash.backends._chunks import chunk_names, join, pack_manifest, read_manifest
 from arrowstash.backends.base import EntryInfo, Held, Stored
 from arrowstash.entry import Encoded, Key, entry_bytes
 from arrowstash.errors import BackendError
 
-_MANIFEST = b"\x89ASTCHUNK"
 _THIRTY_DAYS = 30 * 24 * 3600  # beyond this memcached reads an expiry as a Unix time
 
 
@@ -92,6 +91,9 @@ class MemcachedBackend:
         except self._errors as exc:
             self.breaker.failure()
             raise BackendError(f"memcached {what} failed: {exc}") from exc
+        except BaseException:
+            self.breaker.success()  # the server answered; what it said was wrong
+            raise
         self.breaker.success()
 
     # memcached keys: at most 250 bytes, no spaces or control characters: hash the names
@@ -103,7 +105,12 @@ class MemcachedBackend:
     def _name(self, key: Key) -> str:
         names = self._generation_keys(key)
         found = self._client.get_many(names)
-        gens = [int(found.get(n) or 0) for n in names]
+        for missing in [n for n in names if n not in found]:
+            # A generation starts at a random value: if the server holding it is lost, the
+            # new one cannot bring back entries that a clear() had hidden.
+            self._client.add(missing, str(secrets.randbits(48)).encode(), noreply=False)
+            found[missing] = self._client.get(missing) or b"0"
+        gens = [int(found[n]) for n in names]
         fn = xxhash.xxh3_64_hexdigest(f"{key.namespace}\0{key.function}".encode())
         return f"{self.prefix}:e:{gens[0]}:{gens[1]}:{fn}:{key.hex}"
 
@@ -113,46 +120,54 @@ class MemcachedBackend:
             value = self._client.get(name)
             if value is None:
                 return None
-            if not value.startswith(_MANIFEST):
+            manifest = read_manifest(value)
+            if manifest is None:
+                # an entry, or garbage that parsing will report as a corrupt entry
                 return Stored(memoryview(value))
-            manifest = msgpack.unpackb(value[len(_MANIFEST) :])
-            names = [f"{name}:c:{manifest['v']}:{i}" for i in range(manifest["n"])]
+            names = chunk_names(name, manifest)
             found = self._client.get_many(names)
         if len(found) != len(names):
             return None  # a chunk was evicted: the entry is gone
-        data = bytearray(manifest["size"])
-        offset = 0
-        for chunk_name in names:
-            part = found[chunk_name]
-            data[offset : offset + len(part)] = part
-            offset += len(part)
-        return Stored(memoryview(data))
+        data = join([found[n] for n in names], manifest["size"])
+        return Stored(memoryview(data)) if data is not None else None
 
     def set(self, key: Key, encoded: Encoded, *, created: float, expires: float | None) -> int:
         data = memoryview(entry_bytes(key, encoded, created=created, expires=expires))
         expire = _expire(expires)
         with self._call("set"):
             name = self._name(key)
+            old = self._client.get(name)
             if data.nbytes <= self.chunk_bytes:
                 self._client.set(name, data.tobytes(), expire=expire, noreply=False)
-                return data.nbytes
-            version = secrets.token_hex(8)
-            count = -(-data.nbytes // self.chunk_bytes)
-            chunks = {
-                f"{name}:c:{version}:{i}":
-                    data[i * self.chunk_bytes : (i + 1) * self.chunk_bytes].tobytes()
-                for i in range(count)
-            }
-            failed = self._client.set_many(chunks, expire=expire, noreply=False)
-            if failed:
-                raise BackendError(f"memcached refused {len(failed)} chunks of {name}")
-            manifest = msgpack.packb({"v": version, "n": count, "size": data.nbytes})
-            self._client.set(name, _MANIFEST + manifest, expire=expire, noreply=False)
+            else:
+                manifest = {"v": secrets.token_hex(8), "n": -(-data.nbytes // self.chunk_bytes),
+                            "size": data.nbytes}
+                names = chunk_names(name, manifest)
+                chunks = {
+                    chunk: data[i * self.chunk_bytes : (i + 1) * self.chunk_bytes].tobytes()
+                    for i, chunk in enumerate(names)
+                }
+                failed = self._client.set_many(chunks, expire=expire, noreply=False)
+                if failed:
+                    raise BackendError(f"memcached refused {len(failed)} chunks of {name}")
+                self._client.set(name, pack_manifest(manifest), expire=expire, noreply=False)
+            self._drop_chunks(name, old)
         return data.nbytes
+
+    def _drop_chunks(self, name: str, old: bytes | None) -> None:
+        """Delete the chunks of a manifest that was just replaced or deleted (a racing writer
+        may delete the same ones: deleting is idempotent)."""
+        manifest = read_manifest(old) if old else None
+        if manifest is not None:
+            self._client.delete_many(chunk_names(name, manifest), noreply=False)
 
     def delete(self, key: Key) -> bool:
         with self._call("delete"):
-            return bool(self._client.delete(self._name(key), noreply=False))
+            name = self._name(key)
+            old = self._client.get(name)
+            existed = bool(self._client.delete(name, noreply=False))
+            self._drop_chunks(name, old)
+        return existed
 
     def clear(self, namespace: str | None = None, function: str | None = None) -> int:
         """Make a namespace's (or a function's) entries unreachable; never ``flush_all``.
@@ -183,7 +198,7 @@ class MemcachedBackend:
         with self._call("lock"):
             name = self._name(key) + ":lock"
         token = secrets.token_hex(16).encode()
-        ttl = max(int(timeout + 0.999), 1)
+        ttl = int(timeout + 0.999) + 1  # memcached counts whole seconds: a 1 s TTL can end at once
         deadline = time.monotonic() + timeout
         delay = 0.002
         waited = Held.FREE

@@ -16,9 +16,8 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-import msgpack
-
 from arrowstash.backends._breaker import Breaker
+from arrowstash.backends._chunks import MANIFEST, chunk_names, join, pack_manifest, read_manifest
 from arrowstash.backends.base import EntryInfo, Held, Stored, describe
 from arrowstash.entry import ALIGN, Encoded, Key, entry_bytes, read_header
 from arrowstash.errors import BackendError, CorruptEntryError
@@ -33,7 +32,6 @@ def _redis() -> Any:
         raise ImportError("RedisBackend needs redis-py: pip install 'arrowstash[redis]'") from exc
     return redis
 
-_MANIFEST = b"\x89ASTCHUNK"
 # Set a key and hand back the value it replaces if (and only if) that was a chunk manifest, so
 # the old chunks can be deleted without ever transferring a large old value.
 _SWAP = """
@@ -115,6 +113,9 @@ class RedisBackend:
         except self._errors as exc:
             self.breaker.failure()
             raise BackendError(f"redis {what} failed: {exc}") from exc
+        except BaseException:
+            self.breaker.success()  # the server answered; what it said was wrong
+            raise
         self.breaker.success()
 
     def _name(self, key: Key) -> str:
@@ -125,22 +126,18 @@ class RedisBackend:
             value = self._client.get(self._name(key))
             if value is None:
                 return None
-            if not value.startswith(_MANIFEST):
+            manifest = read_manifest(value)
+            if manifest is None:
+                # an entry, or garbage that parsing will report as a corrupt entry
                 return Stored(memoryview(value))
-            manifest = _manifest(value)
             parts = self._client.mget(self._chunk_names(key, manifest))
         if any(part is None for part in parts):
             return None  # a chunk expired or was evicted: the entry is gone
-        data = bytearray(manifest["size"])  # the one copy: joining the chunks
-        offset = 0
-        for part in parts:
-            data[offset : offset + len(part)] = part
-            offset += len(part)
-        return Stored(memoryview(data))
+        data = join(parts, manifest["size"])
+        return Stored(memoryview(data)) if data is not None else None
 
     def _chunk_names(self, key: Key, manifest: dict[str, Any]) -> list[str]:
-        base = self._name(key)
-        return [f"{base}:c:{manifest['v']}:{i}" for i in range(manifest["n"])]
+        return chunk_names(self._name(key), manifest)
 
     def set(self, key: Key, encoded: Encoded, *, created: float, expires: float | None) -> int:
         data = memoryview(entry_bytes(key, encoded, created=created, expires=expires))
@@ -153,12 +150,11 @@ class RedisBackend:
         name = self._name(key)
         with self._call("set"):
             if data.nbytes <= self.chunk_bytes:
-                old = self._swap(keys=[name], args=[px, data.tobytes(), _MANIFEST])
+                old = self._swap(keys=[name], args=[px, data.tobytes(), MANIFEST])
             else:
                 manifest = self._write_chunks(key, data, px)
-                old = self._swap(keys=[name], args=[px, manifest, _MANIFEST])
-            if old:
-                self._unlink(self._chunk_names(key, _manifest(old)))
+                old = self._swap(keys=[name], args=[px, manifest, MANIFEST])
+            self._drop_chunks(key, old)
         return data.nbytes
 
     def _write_chunks(self, key: Key, data: memoryview, px: str) -> bytes:
@@ -173,16 +169,20 @@ class RedisBackend:
         header = read_header(data)
         manifest["head"] = data[:ALIGN].tobytes()
         manifest["tail"] = data[header.trailer_at :].tobytes()
-        packed: bytes = msgpack.packb(manifest)
-        return _MANIFEST + packed
+        return pack_manifest(manifest)
+
+    def _drop_chunks(self, key: Key, old: bytes | None) -> None:
+        """Delete the chunks of a manifest that was just replaced or deleted."""
+        manifest = read_manifest(old) if old else None
+        if manifest is not None:
+            self._unlink(self._chunk_names(key, manifest))
 
     def delete(self, key: Key) -> bool:
         name = self._name(key)
         with self._call("delete"):
             existed = bool(self._client.exists(name))
-            old = self._swap(keys=[name], args=["", "", _MANIFEST])
-            if old:
-                self._unlink(self._chunk_names(key, _manifest(old)))
+            old = self._swap(keys=[name], args=["", "", MANIFEST])
+            self._drop_chunks(key, old)
         return existed
 
     def _unlink(self, names: list[str]) -> None:
@@ -231,8 +231,10 @@ class RedisBackend:
             try:
                 with self._call("read header"):
                     head = self._client.getrange(name, 0, ALIGN - 1)
-                    if head.startswith(_MANIFEST):
-                        manifest = _manifest(self._client.get(name) or b"")
+                    if head.startswith(MANIFEST):
+                        manifest = read_manifest(self._client.get(name) or b"")
+                        if manifest is None:
+                            continue
                         head, tail, size = manifest["head"], manifest["tail"], manifest["size"]
                     else:
                         size = self._client.strlen(name)
@@ -274,16 +276,6 @@ class RedisBackend:
 
     def close(self) -> None:
         self._client.close()
-
-
-def _manifest(value: bytes) -> dict[str, Any]:
-    try:
-        manifest = msgpack.unpackb(value[len(_MANIFEST) :], raw=False)
-        if not isinstance(manifest, dict) or not {"v", "n", "size"} <= manifest.keys():
-            raise ValueError("incomplete manifest")
-        return manifest
-    except (ValueError, msgpack.UnpackException) as exc:
-        raise BackendError(f"unreadable chunk manifest: {exc}") from exc
 
 
 def _connect(url: str, socket_timeout: float, connect_timeout: float) -> Any:
