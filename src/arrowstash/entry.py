@@ -347,8 +347,8 @@ def parse_entry(
     ``known`` is an earlier parse of the same stored file (same inode, size and times): its header
     and trailer are reused, and only the sections are checked against it.
     """
-    view = memoryview(buffer)
-    if view.ndim != 1 or view.format not in ("B", "b", "c"):
+    view = buffer if type(buffer) is memoryview else memoryview(buffer)
+    if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
     if known is not None and check_sections and known.header.total == view.nbytes:
         header, trailer = known.header, known.trailer

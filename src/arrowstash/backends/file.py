@@ -114,10 +114,10 @@ class FileBackend:
             else:
                 # A file is never rewritten in place, so a short read is a truncated entry,
                 # which parsing reports.
-                fingerprint = (st.st_dev, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns)
                 data = bytearray(size)  # writable: loaded arrays may view it
                 os.readv(fd, [data])
-                stored = Stored(memoryview(data), fingerprint=fingerprint)
+                stored = Stored(memoryview(data), False,
+                                (st.st_dev, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns))
         except OSError as exc:
             raise BackendError(f"cannot read {path}: {exc}") from exc
         finally:

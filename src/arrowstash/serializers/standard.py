@@ -126,7 +126,10 @@ class StandardSerializer:
         return Encoded(self.name, None, [self.pack(value)])
 
     def decode(self, meta: Any, sections: Sequence[memoryview]) -> Any:
-        return self.unpack(sections[0])
+        try:
+            return _unpack(sections[0])
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            raise CorruptEntryError(f"undecodable MessagePack payload: {exc}") from exc
 
     def pack(self, value: Any) -> bytes:
         return pack_checked(_pack, value)
