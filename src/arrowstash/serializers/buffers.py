@@ -1,7 +1,7 @@
 """Any picklable object through pickle protocol 5, its large buffers out-of-band (PEP 574).
 
 The pickle stream stays small; every large contiguous buffer the object exposes (NumPy and Arrow
-memory, bytearrays, any ``PickleBuffer``) becomes a section of the entry, written straight from
+memory, any ``PickleBuffer``) becomes a section of the entry, written straight from
 the object's memory and handed back to ``pickle.loads`` as a view of the stored bytes.
 
 Unpickling runs code: entries written here are signed (HMAC-SHA256, see
@@ -46,7 +46,8 @@ class BufferSerializer:
 
         try:
             sections[0] = pickle.dumps(value, protocol=5, buffer_callback=out_of_band)
-        except (pickle.PicklingError, TypeError, AttributeError, ValueError) as exc:
+        except (pickle.PicklingError, TypeError, AttributeError, ValueError,
+                RecursionError) as exc:
             raise SerializationError(
                 f"value of type {type(value).__qualname__} cannot be pickled: {exc}"
             ) from exc
@@ -56,5 +57,6 @@ class BufferSerializer:
         try:
             return pickle.loads(sections[0], buffers=sections[1:])
         except (pickle.UnpicklingError, EOFError, ValueError, IndexError, ImportError,
-                AttributeError) as exc:  # also: the pickled class no longer exists
+                AttributeError, TypeError, RecursionError) as exc:
+            # also: the pickled class no longer exists, or no longer takes what was pickled
             raise CorruptEntryError(f"unreadable pickle: {exc}") from exc
