@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import IntEnum
@@ -45,6 +46,20 @@ class Held(IntEnum):
     TIMEOUT = 0
     FREE = 1  # taken at the first try: nobody else was computing
     WAITED = 2  # taken after waiting: the holder may have stored the value meanwhile
+
+
+def take_lock(attempt: Callable[[], bool], timeout: float) -> Held:
+    """Call ``attempt`` with a growing pause until it takes the lock or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    held = Held.FREE
+    while not attempt():
+        if time.monotonic() >= deadline:
+            return Held.TIMEOUT
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+        held = Held.WAITED
+    return held
 
 
 @runtime_checkable

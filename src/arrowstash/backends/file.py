@@ -21,7 +21,7 @@ from typing import Any
 import xxhash
 
 from arrowstash.backends._mmap import map_private
-from arrowstash.backends.base import EntryInfo, Held, Stored, describe
+from arrowstash.backends.base import EntryInfo, Held, Stored, describe, take_lock
 from arrowstash.entry import ALIGN, Encoded, Key, read_header, write_entry
 from arrowstash.errors import BackendError, CorruptEntryError
 
@@ -277,11 +277,10 @@ class FileBackend:
         """An flock-held file; the holder unlinks it before unlocking, so waiters re-check that
         the file they locked is still the one at the path."""
         path = os.path.join(self.directory, name)
-        deadline = time.monotonic() + timeout
-        delay = 0.001
         fd = -1
-        waited = Held.FREE
-        while True:
+
+        def attempt() -> bool:
+            nonlocal fd
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             except FileNotFoundError:
@@ -289,27 +288,26 @@ class FileBackend:
                     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
                 except OSError as exc:
                     raise BackendError(f"cannot create lock folder for {path}: {exc}") from exc
-                continue
+                return attempt()
             except OSError as exc:
                 raise BackendError(f"cannot open lock file {path}: {exc}") from exc
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 if os.fstat(fd).st_ino == os.stat(path).st_ino:
-                    break
+                    return True
             except OSError as exc:
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.ENOENT):
                     os.close(fd)
                     raise BackendError(f"cannot lock {path}: {exc}") from exc
             os.close(fd)
-            fd = -1
-            if time.monotonic() >= deadline:
-                yield Held.TIMEOUT
-                return
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
-            waited = Held.WAITED
+            return False
+
+        held = take_lock(attempt, timeout)
+        if not held:
+            yield held
+            return
         try:
-            yield waited
+            yield held
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)

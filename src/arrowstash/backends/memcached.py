@@ -19,7 +19,7 @@ import xxhash
 
 from arrowstash.backends._breaker import Breaker
 from arrowstash.backends._chunks import chunk_names, join, pack_manifest, read_manifest
-from arrowstash.backends.base import EntryInfo, Held, Stored
+from arrowstash.backends.base import EntryInfo, Held, Stored, take_lock
 from arrowstash.entry import Encoded, Key, entry_bytes
 from arrowstash.errors import BackendError
 
@@ -199,21 +199,17 @@ class MemcachedBackend:
             name = self._name(key) + ":lock"
         token = secrets.token_hex(16).encode()
         ttl = int(timeout + 0.999) + 1  # memcached counts whole seconds: a 1 s TTL can end at once
-        deadline = time.monotonic() + timeout
-        delay = 0.002
-        waited = Held.FREE
-        while True:
+
+        def attempt() -> bool:
             with self._call("lock"):
-                if self._client.add(name, token, expire=ttl, noreply=False):
-                    break
-            if time.monotonic() >= deadline:
-                yield Held.TIMEOUT
-                return
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
-            waited = Held.WAITED
+                return bool(self._client.add(name, token, expire=ttl, noreply=False))
+
+        held = take_lock(attempt, timeout)
+        if not held:
+            yield held
+            return
         try:
-            yield waited
+            yield held
         finally:
             with contextlib.suppress(BackendError), self._call("unlock"):
                 # only the owner releases; memcached has no compare-and-delete, so a lock that

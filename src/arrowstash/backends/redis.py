@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from arrowstash.backends._breaker import Breaker
 from arrowstash.backends._chunks import MANIFEST, chunk_names, join, pack_manifest, read_manifest
-from arrowstash.backends.base import EntryInfo, Held, Stored, describe
+from arrowstash.backends.base import EntryInfo, Held, Stored, describe, take_lock
 from arrowstash.entry import ALIGN, Encoded, Key, entry_bytes, read_header
 from arrowstash.errors import BackendError, CorruptEntryError
 
@@ -255,21 +255,17 @@ class RedisBackend:
         name = self._name(key) + ":lock"
         token = secrets.token_hex(16)
         ttl_ms = max(int(timeout * 1000), 1000)
-        deadline = time.monotonic() + timeout
-        delay = 0.002
-        waited = Held.FREE
-        while True:
+
+        def attempt() -> bool:
             with self._call("lock"):
-                if self._client.set(name, token, nx=True, px=ttl_ms):
-                    break
-            if time.monotonic() >= deadline:
-                yield Held.TIMEOUT
-                return
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
-            waited = Held.WAITED
+                return bool(self._client.set(name, token, nx=True, px=ttl_ms))
+
+        held = take_lock(attempt, timeout)
+        if not held:
+            yield held
+            return
         try:
-            yield waited
+            yield held
         finally:
             with contextlib.suppress(BackendError), self._call("unlock"):
                 self._release(keys=[name], args=[token])
