@@ -17,24 +17,12 @@ import pyarrow as pa
 from arrowstash import config
 from arrowstash.entry import FLAG_COMPRESSED, Encoded
 from arrowstash.errors import CorruptEntryError, SerializationError
-from arrowstash.serializers.standard import StandardSerializer
+from arrowstash.serializers._batches import Source, label_codec, rebatch
+from arrowstash.serializers._pandas import from_pandas, to_pandas
 
 RETURN_FORMATS = ("auto", "pandas", "polars", "arrow")
 COMPRESSIONS = ("zstd", "lz4", None)
 _DEFAULT: Any = "default"
-_labels = StandardSerializer()  # encodes pandas column labels and names exactly
-
-
-@dataclass(slots=True)
-class _Source:
-    """A value seen as Arrow: its schema, its batches (made lazily) and how to rebuild it."""
-
-    kind: str
-    schema: pa.Schema
-    batches: Callable[[], Iterator[pa.RecordBatch]]
-    meta: dict[str, Any] = field(default_factory=dict)
-    #: The whole value as one table, where converting it costs no copy (else None).
-    whole: Callable[[], pa.Table] | None = None
 
 
 @dataclass(frozen=True)
@@ -143,7 +131,7 @@ class ArrowSerializer:
             frame = _polars().from_arrow(table, rechunk=False)
             return frame.lazy() if target == "polars-lazy" else frame
         if target == "pandas":
-            return _to_pandas(table, meta if kind == "pandas" else {}, sections)
+            return to_pandas(table, meta if kind == "pandas" else {}, sections)
         if target == "columns":
             return _to_columns(table, meta["columns"], meta.get("series", {}))
         raise CorruptEntryError(f"unknown frame kind {kind!r} in entry")
@@ -195,16 +183,16 @@ def _polars() -> Any:
 # -- values to Arrow --------------------------------------------------------------------------
 
 
-def _source(value: Any, batch_bytes: int, split: bool) -> _Source:
+def _source(value: Any, batch_bytes: int, split: bool) -> Source:
     cls = type(value)
     module = cls.__module__.partition(".")[0]
     if module == "pandas" and isinstance(value, sys.modules["pandas"].DataFrame):
-        return _from_pandas(value, batch_bytes, split)
+        return from_pandas(value, batch_bytes, split)
     limit = batch_bytes if split else None
     if isinstance(value, pa.Table):
         return _table_source("arrow", value, limit)
     if isinstance(value, pa.RecordBatch):
-        return _Source("batch", value.schema, lambda: iter([value]))
+        return Source("batch", value.schema, lambda: iter([value]))
     if isinstance(value, dict):
         return _from_columns(value, limit)
     if module == "polars" and cls.__name__ == "LazyFrame":
@@ -219,32 +207,14 @@ def _source(value: Any, batch_bytes: int, split: bool) -> _Source:
     )
 
 
-def _rows_per_batch(nbytes: int, rows: int, batch_bytes: int) -> int:
-    return max(1, int(batch_bytes * rows / nbytes)) if nbytes and rows else max(rows, 1)
 
 
-def _rebatch(
-    batches: Iterator[pa.RecordBatch], batch_bytes: int | None
-) -> Iterator[pa.RecordBatch]:
-    """Slice (without copying) batches much larger than ``batch_bytes``."""
-    if batch_bytes is None:
-        yield from batches
-        return
-    for batch in batches:
-        step = _rows_per_batch(batch.nbytes, batch.num_rows, batch_bytes)
-        if batch.num_rows <= step * 1.5:
-            yield batch
-        else:
-            for start in range(0, batch.num_rows, step):
-                yield batch.slice(start, step)
-
-
-def _table_source(kind: str, table: pa.Table, batch_bytes: int | None) -> _Source:
-    return _Source(kind, table.schema, lambda: _rebatch(iter(table.to_batches()), batch_bytes),
+def _table_source(kind: str, table: pa.Table, batch_bytes: int | None) -> Source:
+    return Source(kind, table.schema, lambda: rebatch(iter(table.to_batches()), batch_bytes),
                    whole=lambda: table)
 
 
-def _stream_source(kind: str, value: Any, batch_bytes: int | None) -> _Source:
+def _stream_source(kind: str, value: Any, batch_bytes: int | None) -> Source:
     try:
         reader = pa.RecordBatchReader.from_stream(value)
     except (pa.ArrowException, TypeError, ValueError) as exc:
@@ -258,15 +228,15 @@ def _stream_source(kind: str, value: Any, batch_bytes: int | None) -> _Source:
         if used:  # a stream can be read once; a retry must not silently write nothing
             raise SerializationError("this Arrow stream was already consumed")
         used = True
-        return _rebatch(iter(reader), batch_bytes)
+        return rebatch(iter(reader), batch_bytes)
 
-    return _Source(kind, reader.schema, batches)
+    return Source(kind, reader.schema, batches)
 
 
 _ACCEPTED = "a list, tuple, NumPy array, pandas Series, pyarrow array or typed memoryview"
 
 
-def _from_columns(columns: dict[Any, Any], batch_bytes: int | None) -> _Source:
+def _from_columns(columns: dict[Any, Any], batch_bytes: int | None) -> Source:
     arrays, kinds = [], []
     for name, column in columns.items():
         if not isinstance(name, str):
@@ -283,7 +253,7 @@ def _from_columns(columns: dict[Any, Any], batch_bytes: int | None) -> _Source:
     # pandas values come back with their dtype, a Series with its name too (not its index:
     # the columns of a dict share their row positions)
     source.meta["series"] = {
-        name: [str(column.dtype), _labels.pack(getattr(column, "name", None))]
+        name: [str(column.dtype), label_codec.pack(getattr(column, "name", None))]
         for (name, column), kind in zip(columns.items(), kinds, strict=True)
         if kind in ("pandas", "pandas-array")
     }
@@ -332,7 +302,7 @@ def _to_columns(table: pa.Table, kinds: list[str], series: dict[str, Any]) -> di
             out[name] = column.to_numpy()
         elif kind == "pandas":
             dtype, label = series[name]
-            out[name] = column.to_pandas().astype(dtype).rename(_labels.unpack(label))
+            out[name] = column.to_pandas().astype(dtype).rename(label_codec.unpack(label))
         elif kind == "pandas-array":
             out[name] = column.to_pandas().astype(series[name][0]).array
         elif kind == "memoryview":
@@ -344,265 +314,3 @@ def _to_columns(table: pa.Table, kinds: list[str], series: dict[str, Any]) -> di
     return out
 
 
-# -- pandas -----------------------------------------------------------------------------------
-
-
-def _from_pandas(df: Any, batch_bytes: int, split: bool) -> _Source:
-    if not df.columns.is_unique:
-        duplicated = sorted({repr(c) for c in df.columns[df.columns.duplicated()]})
-        raise SerializationError(f"duplicate column labels {', '.join(duplicated)}")
-    object_columns = [i for i, dtype in enumerate(df.dtypes) if _numpy_kind(dtype) == "O"]
-    for position in object_columns:
-        _check_object_column(df, position)
-    # Arrow wants unique, plain string field names; the real labels travel in the metadata.
-    renamed = df.set_axis([f"c{i}" for i in range(df.shape[1])], axis=1) \
-        if _needs_renaming(df.columns) else df
-    try:
-        schema = pa.Schema.from_pandas(renamed, preserve_index=None)
-    except (pa.ArrowException, ValueError, TypeError, KeyError) as exc:
-        raise SerializationError(f"{_which_column(df)}: {exc}") from exc
-    meta = _pandas_meta(df, object_columns, renamed is not df)
-    if object_columns:
-        _check_round_trip(renamed, schema, meta, df)
-    # NumPy float columns keep NaN as NaN (Arrow would make it null): exact, and it lets a hit
-    # view the column without filling nulls back in.
-    floats = [(schema.get_field_index(str(renamed.columns[i])), i)
-              for i, dtype in enumerate(renamed.dtypes) if _numpy_kind(dtype) == "f"]
-
-    def convert(part: Any) -> pa.Table:
-        try:
-            table = pa.Table.from_pandas(part, schema=schema, preserve_index=None)
-        except (pa.ArrowException, ValueError, TypeError) as exc:
-            raise SerializationError(f"{_which_column(df)}: {exc}") from exc
-        for field_index, position in floats:
-            if table.column(field_index).null_count:
-                values = pa.array(part.iloc[:, position].to_numpy(), from_pandas=False)
-                table = table.set_column(field_index, schema.field(field_index), values)
-        return table
-
-    def batches_of(part: Any) -> list[pa.RecordBatch]:
-        # a frame without rows still writes one (empty) batch: it carries the categories
-        return convert(part).to_batches() or [
-            pa.RecordBatch.from_pandas(part, schema=schema, preserve_index=None)
-        ]
-
-    def batches() -> Iterator[pa.RecordBatch]:
-        if not object_columns:
-            # numeric and Arrow-backed columns convert without copies: convert the frame once,
-            # then slice it (compressed) or write it whole
-            yield from _rebatch(iter(batches_of(renamed)), batch_bytes if split else None)
-            return
-        # object columns are copied by the conversion: a slice at a time bounds that copy
-        nbytes = int(df.memory_usage(index=True, deep=False).sum())
-        step = _rows_per_batch(nbytes, len(df), batch_bytes)
-        for start in range(0, max(len(renamed), 1), step):
-            yield from batches_of(renamed.iloc[start : start + step])
-
-    whole = (lambda: convert(renamed)) if not object_columns and len(df) else None
-    return _Source("pandas", schema, batches, meta, whole)
-
-
-def _pandas_meta(df: Any, object_columns: list[int], renamed: bool) -> dict[str, Any]:
-    """What Arrow's own pandas metadata does not restore exactly: column labels (any hashable,
-    MultiIndex, categorical), object dtypes, the dtypes of index levels (object, nullable with
-    NA), the index's freq, and the length of a frame without columns."""
-    import pandas as pd
-
-    columns, index = df.columns, df.index
-    meta: dict[str, Any] = {
-        "labels": _labels.pack(list(columns)),
-        "names": _labels.pack(list(columns.names)),
-        "multi": isinstance(columns, pd.MultiIndex),
-        "dtype": None if isinstance(columns, pd.MultiIndex) else str(columns.dtype),
-        "renamed": renamed,
-        "objects": object_columns,
-    }
-    if isinstance(columns, pd.CategoricalIndex):
-        meta["categories"] = _labels.pack(list(columns.categories))
-        meta["ordered"] = bool(columns.ordered)
-    meta["index_dtypes"] = [str(index.get_level_values(i).dtype) for i in range(index.nlevels)]
-    if isinstance(index, pd.DatetimeIndex) and index.freq is not None:
-        meta["freq"] = index.freqstr
-    if df.shape[1] == 0 and isinstance(index, pd.RangeIndex):
-        meta["range"] = [index.start, index.stop, index.step, _labels.pack(index.name)]
-    return meta
-
-
-def _check_object_column(df: Any, position: int) -> None:
-    """An object column reads back exactly only if its values are all of one type."""
-    import pandas as pd
-
-    column = df.iloc[:, position]
-    kinds = {type(v) for v in column[~pd.isna(column)]} if len(column) else set()
-    if len(kinds) > 1:
-        names = ", ".join(sorted(k.__qualname__ for k in kinds))
-        raise SerializationError(
-            f"column {df.columns[position]!r} (dtype object) mixes {names} values, which would "
-            "not read back as they are; convert the column to one typed dtype first"
-        )
-
-
-def _numpy_kind(dtype: Any) -> str | None:
-    """The NumPy kind of a plain NumPy dtype; None for pandas extension dtypes (whose ``kind``
-    mimics NumPy's: "O" for strings, "f" for nullable floats)."""
-    import numpy as np
-
-    return dtype.kind if isinstance(dtype, np.dtype) else None
-
-
-def _needs_renaming(columns: Any) -> bool:
-    """Anything but a plain Index of ordinary string labels travels in the metadata."""
-    import pandas as pd
-
-    return type(columns) is not pd.Index or not all(
-        type(c) is str and not c.startswith("__") for c in columns
-    )
-
-
-def _which_column(df: Any) -> str:
-    """Name the column Arrow cannot convert (its own messages do not always say)."""
-    for position in range(df.shape[1]):
-        try:
-            pa.Array.from_pandas(df.iloc[:, position])
-        except (pa.ArrowException, ValueError, TypeError):
-            return f"column {df.columns[position]!r} (dtype {df.dtypes.iloc[position]})"
-    return "frame"
-
-
-def _check_round_trip(renamed: Any, schema: pa.Schema, meta: dict[str, Any], df: Any) -> None:
-    """Refuse object columns whose values would come back as other types (lists as arrays,
-    mixed objects coerced): a stored frame must read back exactly as it was."""
-    import numpy as np
-    import pandas as pd
-
-    # the first non-null values of each object column (_check_object_column made sure each
-    # column holds values of one type)
-    rows = sorted({int(i) for p in meta["objects"]
-                   for i in np.flatnonzero(~pd.isna(renamed.iloc[:, p]))[:20]})
-    head = renamed.iloc[rows]
-    back = _to_pandas(pa.Table.from_pandas(head, schema=schema, preserve_index=None), meta, [])
-    for position in meta["objects"]:
-        before, after = head.iloc[:, position], back.iloc[:, position]
-        for a, b in zip(before, after, strict=False):
-            if type(a) is not type(b) and not (_is_na(a) and _is_na(b)):
-                raise SerializationError(
-                    f"column {df.columns[position]!r} (dtype object) holds "
-                    f"{type(a).__qualname__} values that would read back as "
-                    f"{type(b).__qualname__}; convert the column to a typed dtype first"
-                )
-
-
-def _is_na(value: Any) -> bool:
-    import pandas as pd
-
-    try:
-        return bool(pd.isna(value))
-    except (TypeError, ValueError):
-        return False
-
-
-def _to_pandas(table: pa.Table, meta: dict[str, Any], sections: Sequence[memoryview]) -> Any:
-    table, owned = _join_numeric_chunks(table)
-    df = _writable_frame(table.to_pandas(split_blocks=True), sections, owned)
-    return _restore_pandas(df, meta) if meta else df
-
-
-def _restore_pandas(df: Any, meta: dict[str, Any]) -> Any:
-    """Undo what Arrow's pandas metadata cannot: see :func:`_pandas_meta`."""
-    import pandas as pd
-
-    if "range" in meta and df.shape[1] == 0:
-        start, stop, step, name = meta["range"]
-        df = pd.DataFrame(index=pd.RangeIndex(start, stop, step, name=_labels.unpack(name)))
-    for position in meta["objects"]:
-        df.isetitem(position, df.iloc[:, position].astype(object))
-    labels = _labels.unpack(meta["labels"])
-    names = _labels.unpack(meta["names"])
-    if meta["multi"]:
-        df.columns = pd.MultiIndex.from_tuples(labels, names=names)
-    elif "categories" in meta:
-        df.columns = pd.CategoricalIndex(
-            labels, categories=_labels.unpack(meta["categories"]), ordered=meta["ordered"],
-            name=names[0],
-        )
-    elif meta["renamed"] or str(df.columns.dtype) != meta["dtype"]:
-        df.columns = pd.Index(labels, dtype=meta["dtype"], name=names[0], tupleize_cols=False)
-    dtypes = meta.get("index_dtypes", [])
-    if isinstance(df.index, pd.MultiIndex):
-        levels = [level if str(level.dtype) == dtype else level.astype(dtype)
-                  for level, dtype in zip(df.index.levels, dtypes, strict=False)]
-        df.index = df.index.set_levels(levels)
-    elif dtypes and str(df.index.dtype) != dtypes[0]:
-        df.index = df.index.astype(dtypes[0])
-    if "freq" in meta:
-        df.index = pd.DatetimeIndex(df.index, freq=meta["freq"])
-    return df
-
-
-def _join_numeric_chunks(table: pa.Table) -> tuple[pa.Table, dict[int, Any]]:
-    """Concatenate multi-chunk integer and float columns with NumPy (pyarrow's own pandas
-    conversion does it far more slowly on a cold process) into arrays this result owns."""
-    import numpy as np
-
-    owned: dict[int, Any] = {}
-    columns = []
-    for column in table.columns:
-        t = column.type
-        if column.num_chunks > 1 and not column.null_count and \
-                (pa.types.is_integer(t) or pa.types.is_floating(t)):
-            joined = np.concatenate([chunk.to_numpy() for chunk in column.chunks])
-            owned[joined.__array_interface__["data"][0]] = joined
-            column = pa.chunked_array([pa.array(joined, type=t)])
-        columns.append(column)
-    return (pa.Table.from_arrays(columns, schema=table.schema) if owned else table), owned
-
-
-def _writable_frame(df: Any, sections: Sequence[memoryview], owned: dict[int, Any]) -> Any:
-    """Make every column of a frame that Arrow built over ``section`` writable.
-
-    pyarrow hands out read-only NumPy views of its buffers. When the entry is a private
-    (copy-on-write) memory map, a writable view of the same pages costs nothing and writes land
-    in pages private to this result, never in the file or another hit's result. Arrays this
-    result already ``owned`` are used as they are; other read-only columns are copied, so a hit
-    is an ordinary frame either way.
-    """
-    import numpy as np
-    import pandas as pd
-
-    ranges = []
-    for section in sections:
-        if not section.readonly:
-            base = pa.py_buffer(section).address
-            ranges.append((base, base + section.nbytes, section))
-    columns = {}
-    for position in range(df.shape[1]):
-        values = df.iloc[:, position].array
-        array = getattr(values, "_ndarray", None)
-        if isinstance(values, pd.arrays.NumpyExtensionArray) and array is not None \
-                and not array.flags.writeable:
-            address = array.__array_interface__["data"][0]
-            mine = owned.get(address)
-            inside = [(base, section) for base, end, section in ranges
-                      if base <= address and address + array.nbytes <= end]
-            if mine is not None and mine.dtype == array.dtype and mine.size == array.size:
-                values = mine
-            elif array.flags.c_contiguous and inside:
-                base, section = inside[0]
-                values = np.frombuffer(section, array.dtype, array.size, address - base)
-            else:
-                values = array.copy()
-        elif not _writable(values):
-            values = values.copy()
-        columns[position] = values
-    out = pd.DataFrame(columns, index=df.index, copy=False)
-    out.columns = df.columns
-    return out
-
-
-def _writable(values: Any) -> bool:
-    for name in ("_ndarray", "_codes", "_data"):
-        inner = getattr(values, name, None)
-        flags = getattr(inner, "flags", None)
-        if flags is not None:
-            return bool(flags.writeable)
-    return True
