@@ -1,0 +1,367 @@
+"""The stages of a cached call (key, L1, backend, store, locks, counters), shared by the shells."""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from arrowstash import backends, config
+from arrowstash.backends.base import Backend, Held
+from arrowstash.entry import Entry, Key, materialize, parse_entry, signature_valid
+from arrowstash.errors import BackendError, CorruptEntryError, SerializationError
+from arrowstash.keys import KeyMaker
+from arrowstash.l1 import L1, L1Item
+from arrowstash.serializers import AutoSerializer, Serializer, for_backend, resolve
+
+log = logging.getLogger("arrowstash.cache")
+
+
+class _Default:
+    def __repr__(self) -> str:
+        return "<default backend>"
+
+
+#: ``backend=DEFAULT`` (the default) means ``ARROWSTASH_URL`` or the user's cache folder;
+#: ``backend=None`` means L1 only.
+DEFAULT: Any = _Default()
+MISSING: Any = object()
+#: A first look that found the backend failing: the call computes without it (one timeout).
+UNREACHABLE: Any = object()
+_IMMUTABLE = frozenset({int, float, bool, str, bytes, type(None), complex})
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    """Counters of one cached function in this process (``hits`` includes ``l1_hits``)."""
+
+    hits: int
+    misses: int
+    l1_hits: int
+    errors: int
+    bytes_stored: int
+    mean_hit_latency: float  # seconds
+    mean_miss_latency: float
+    l1_entries: int
+
+
+class _Stats:
+    __slots__ = ("bytes_stored", "errors", "hit_time", "hits", "l1_hits", "miss_time", "misses")
+
+    def __init__(self) -> None:
+        self.hits = self.misses = self.l1_hits = self.errors = self.bytes_stored = 0
+        self.hit_time = self.miss_time = 0.0
+
+
+def _immutable(value: Any) -> bool:
+    cls = type(value)
+    if cls is tuple:
+        return all(type(v) in _IMMUTABLE for v in value)
+    return cls in _IMMUTABLE
+
+
+def _object_size(value: Any) -> int:
+    inner = sum(map(sys.getsizeof, value)) if type(value) is tuple else 0
+    return sys.getsizeof(value) + inner
+
+
+class _Flights:
+    """Per-key locks so that concurrent callers in this process compute a key once."""
+
+    def __init__(self) -> None:
+        self._locks: dict[bytes, list[Any]] = {}  # digest -> [lock, users]
+        self._guard = threading.Lock()
+
+    @contextmanager
+    def hold(self, digest: bytes) -> Iterator[bool]:
+        """Hold the key's lock; yields whether another caller held it first."""
+        with self._guard:
+            slot = self._locks.setdefault(digest, [threading.Lock(), 0])
+            slot[1] += 1
+        lock = slot[0]
+        try:
+            waited = not lock.acquire(blocking=False)
+            if waited:
+                lock.acquire()
+            try:
+                yield waited
+            finally:
+                lock.release()
+        finally:
+            with self._guard:
+                slot[1] -= 1
+                if not slot[1]:
+                    del self._locks[digest]
+
+
+class Core:
+    """Everything a call does, in small stages shared by the sync and async shells."""
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        *,
+        ttl: float | dt.timedelta | None,
+        namespace: str,
+        version: str | int | None,
+        backend: Backend | None,
+        serializer: str | Serializer,
+        l1: bool,
+        l1_max_entries: int,
+        l1_max_bytes: int,
+        key: Callable[..., Any] | None,
+        ignore: Iterable[str],
+        lock: bool,
+        lock_timeout: float,
+        strict: bool,
+        secret: str | bytes | None,
+    ) -> None:
+        if isinstance(ttl, dt.timedelta):
+            ttl = ttl.total_seconds()
+        if ttl is not None and (not isinstance(ttl, (int, float)) or ttl <= 0):
+            raise ValueError(f"ttl must be a positive number of seconds or None, not {ttl!r}")
+        if not isinstance(namespace, str) or not namespace:
+            raise ValueError(f"namespace must be a non-empty string, not {namespace!r}")
+        if isinstance(ignore, str):
+            ignore = (ignore,)
+        if lock_timeout < 0:
+            raise ValueError(f"lock_timeout must be >= 0, not {lock_timeout!r}")
+        self.func = func
+        self.name = f"{func.__module__}.{func.__qualname__}"
+        self.ttl = ttl
+        self.namespace = namespace
+        self.keys = KeyMaker(func, f"{self.name}\0{namespace}\0{version}\0", ignore, key)
+        self.backend = backends.default_backend() if backend is DEFAULT else backend
+        self.serializer = for_backend(resolve(serializer), self.backend)
+        if isinstance(secret, str):
+            secret = secret.encode()
+        self.secret: bytes | None = config.secret() if secret is None else secret
+        if self._unsafe(self.serializer) and not self.secret and self._shared:
+            raise ValueError(
+                f"serializer {self.serializer.name!r} unpickles, which runs code: on the shared "
+                f"backend {self.backend!r} it needs a secret to sign entries (secret= or "
+                "ARROWSTASH_SECRET)"
+            )
+        self._decoders = (
+            self.serializer
+            if isinstance(self.serializer, AutoSerializer)
+            else AutoSerializer(self.backend)
+        )
+        self.l1 = L1(l1_max_entries, l1_max_bytes) if l1 else None
+        self.lock = lock
+        self.lock_timeout = lock_timeout
+        self.strict = strict
+        self.stats = _Stats()
+        self.flights = _Flights()
+        self._warned: set[type] = set()
+        self._parsed: dict[Any, Entry] = {}  # validated headers of unchanged stored entries
+        self._unsafe_names: set[str] = set()  # serializers met that unpickle
+        self._by_name: dict[str, Serializer] = {}
+
+    # -- stages -----------------------------------------------------------------------------
+
+    def key(self, digest: bytes) -> Key:
+        return Key(self.namespace, self.name, digest)
+
+    def l1_get(self, digest: bytes) -> Any:
+        item = self.l1.get(digest) if self.l1 is not None else None
+        if item is None:
+            return MISSING
+        return item.value if item.load is None else item.load()
+
+    def backend_get(self, key: Key, report: bool = True) -> Any:
+        """The stored value, or MISSING when absent, expired, unreadable or undecodable.
+
+        With ``report`` (a call's first look) failures are logged and counted, and a failing
+        backend gives UNREACHABLE, so that the call spends no more time on it."""
+        if self.backend is None:
+            return MISSING
+        try:
+            stored = self.backend.get(key)
+        except BackendError as exc:
+            if not report:
+                return MISSING
+            self._failed("backend read", exc)
+            return UNREACHABLE
+        if stored is None:
+            return MISSING
+        try:
+            fingerprint = stored.fingerprint
+            known = self._parsed.get(fingerprint) if fingerprint else None
+            entry = parse_entry(stored.data, check_sections=not stored.mapped, known=known)
+            if known is None:
+                if entry.key != key:
+                    raise CorruptEntryError("entry belongs to another key")
+                if fingerprint:
+                    if len(self._parsed) >= 256:
+                        self._parsed.clear()
+                    self._parsed[fingerprint] = entry._replace(sections=[])
+            expires = entry.header.expires
+            if expires and expires <= time.time():
+                return MISSING
+            decoder = self._decoder(entry.serializer)
+            if decoder.name in self._unsafe_names:
+                self._check_trust(entry)
+            value = decoder.decode(entry.meta, entry.sections)
+        except (CorruptEntryError, SerializationError) as exc:
+            if not report:
+                return MISSING
+            self.stats.errors += 1
+            log.warning(
+                "unreadable cache entry of %s (%s); recomputing", self.name, exc,
+                extra={"function": self.name, "key_hash": key.hex[:12], "event": "corrupt_entry"},
+            )
+            return MISSING
+        if self.l1 is not None and not stored.mapped:
+            self._l1_put(key.digest, value, entry.serializer, entry.meta, entry.sections,
+                         entry.header.expires)
+        return value
+
+    def store(self, key: Key, value: Any, to_backend: bool = True) -> None:
+        created = time.time()
+        expires = created + self.ttl if self.ttl is not None else 0.0
+        try:
+            encoded = self.serializer.encode(value)
+            if self._unsafe(self._decoder(encoded.serializer)):
+                if self.secret:
+                    encoded.sign_with = self.secret
+                elif self._shared:
+                    raise SerializationError(
+                        f"{type(value).__qualname__} values need pickling, which a shared "
+                        "backend allows only with a secret (secret= or ARROWSTASH_SECRET)"
+                    )
+            if (self.backend is None or not to_backend) and self.l1 is not None:
+                encoded = materialize(encoded)  # L1 is the only store: it needs the bytes
+            if self.backend is not None and to_backend:
+                self.stats.bytes_stored += self.backend.set(
+                    key, encoded, created=created, expires=expires or None
+                )
+        except SerializationError as exc:
+            if self.strict:
+                raise
+            self.stats.errors += 1
+            if type(value) not in self._warned:
+                self._warned.add(type(value))
+                log.warning(
+                    "%s: result not cached: %s", self.name, exc,
+                    extra={"function": self.name, "event": "serialize_error"},
+                )
+            return
+        except BackendError as exc:
+            self._failed("backend write", exc)
+            return
+        if self.l1 is not None:
+            self._l1_put(key.digest, value, encoded.serializer, encoded.meta, encoded.sections,
+                         expires)
+
+    def _l1_put(self, digest: bytes, value: Any, serializer: str, meta: Any,
+                sections: list[Any], expires: float) -> None:
+        assert self.l1 is not None
+        if _immutable(value):
+            self.l1.put(digest, L1Item(expires, _object_size(value), value, None))
+        elif not any(callable(s) for s in sections):  # streamed sections are not kept in memory
+            size = sum(memoryview(s).nbytes for s in sections) + 64
+            if size <= self.l1.max_bytes:
+                decoder = self._decoder(serializer)
+                copies = [bytes(s) for s in sections]
+                if getattr(decoder, "mutable_results", False):
+                    # results view their sections: each hit gets private, writable ones
+                    def load() -> Any:
+                        return decoder.decode(meta, [memoryview(bytearray(s)) for s in copies])
+                else:
+                    load = functools.partial(decoder.decode, meta, [memoryview(s) for s in copies])
+                self.l1.put(digest, L1Item(expires, size, None, load))
+
+    @property
+    def _shared(self) -> bool:
+        return bool(getattr(self.backend, "shared", False))
+
+    @staticmethod
+    def _unsafe(serializer: Serializer) -> bool:
+        return bool(getattr(serializer, "executes_code", False))
+
+    def _check_trust(self, entry: Entry) -> None:
+        """Refuse to unpickle what this process cannot trust: entries of a code-running
+        serializer must be signed when a secret is set, and may be unsigned only locally."""
+        if self.secret:
+            if not signature_valid(entry, self.secret):
+                raise CorruptEntryError("missing or wrong signature on a pickled entry")
+        elif self._shared:
+            raise CorruptEntryError("pickled entry on a shared backend and no secret to check it")
+
+    def _decoder(self, name: str) -> Serializer:
+        decoder = self._by_name.get(name)
+        if decoder is None:
+            decoder = self.serializer if name == self.serializer.name else \
+                self._decoders.member(name)
+            if self._unsafe(decoder):
+                self._unsafe_names.add(name)
+            self._by_name[name] = decoder
+        return decoder
+
+    def _failed(self, what: str, exc: BackendError) -> None:
+        if self.strict:
+            raise exc
+        self.stats.errors += 1
+        log.warning(
+            "%s: %s failed: %s", self.name, what, exc,
+            extra={"function": self.name, "event": what.replace(" ", "_") + "_error"},
+        )
+
+    @contextmanager
+    def locked(self, key: Key) -> Iterator[Held]:
+        """Hold the backend's stampede lock of ``key``, if it has one and ``lock`` is on.
+
+        Yields Held.FREE where there is no lock to wait for. A lock the backend cannot take is
+        a logged backend failure: the caller computes without it (Held.TIMEOUT)."""
+        if self.backend is None or not self.lock:
+            yield Held.FREE
+            return
+        entered = False
+        try:
+            with self.backend.lock(key, self.lock_timeout) as held:
+                entered = True
+                yield held
+        except BackendError as exc:
+            if entered:
+                raise
+            self._failed("backend lock", exc)
+            yield Held.TIMEOUT
+
+    def record_hit(self, started: float, layer_l1: bool) -> None:
+        stats = self.stats
+        stats.hits += 1
+        stats.l1_hits += layer_l1
+        stats.hit_time += time.perf_counter() - started
+
+    def record_miss(self, started: float) -> None:
+        self.stats.misses += 1
+        self.stats.miss_time += time.perf_counter() - started
+
+    def info(self) -> CacheInfo:
+        s = self.stats
+        return CacheInfo(
+            s.hits, s.misses, s.l1_hits, s.errors, s.bytes_stored,
+            s.hit_time / s.hits if s.hits else 0.0,
+            s.miss_time / s.misses if s.misses else 0.0,
+            len(self.l1) if self.l1 is not None else 0,
+        )
+
+    def clear(self) -> int:
+        if self.l1 is not None:
+            self.l1.clear()
+        if self.backend is None:
+            return 0
+        return self.backend.clear(self.namespace, self.name)
+
+    def forget(self, digest: bytes) -> bool:
+        if self.l1 is not None:
+            self.l1.pop(digest)
+        return self.backend.delete(self.key(digest)) if self.backend is not None else False
