@@ -16,6 +16,7 @@ EXPECTED_ALL = {
     "ArrowSerializer",
     "ArrowstashError",
     "AvroDecodeError",
+    "AvroSchemaError",
     "Backend",
     "BackendError",
     "BufferSerializer",
@@ -34,7 +35,13 @@ EXPECTED_ALL = {
     "cache",
 }
 
-ERRORS = ["AvroDecodeError", "BackendError", "CorruptEntryError", "SerializationError"]
+ERRORS = [
+    "AvroDecodeError",
+    "AvroSchemaError",
+    "BackendError",
+    "CorruptEntryError",
+    "SerializationError",
+]
 
 
 def test_all_is_exactly_the_public_names() -> None:
@@ -73,6 +80,7 @@ def test_errors_share_one_root(name: str) -> None:
 def test_errors_are_the_builtin_kinds_they_document() -> None:
     assert issubclass(arrowstash.SerializationError, TypeError)
     assert issubclass(arrowstash.AvroDecodeError, ValueError)
+    assert issubclass(arrowstash.AvroSchemaError, ValueError)
     assert not issubclass(arrowstash.BackendError, OSError)
 
 

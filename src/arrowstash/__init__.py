@@ -14,6 +14,7 @@ from arrowstash.entry import Key
 from arrowstash.errors import (
     ArrowstashError,
     AvroDecodeError,
+    AvroSchemaError,
     BackendError,
     CorruptEntryError,
     SerializationError,
@@ -41,6 +42,7 @@ __all__ = [
     "ArrowSerializer",
     "ArrowstashError",
     "AvroDecodeError",
+    "AvroSchemaError",
     "Backend",
     "BackendError",
     "BufferSerializer",

@@ -28,3 +28,7 @@ class CorruptEntryError(ArrowstashError):
 
 class AvroDecodeError(ArrowstashError, ValueError):
     """Avro bytes do not match their schema."""
+
+
+class AvroSchemaError(ArrowstashError, ValueError):
+    """An Avro schema is invalid or cannot map to Arrow; the message names the type or field."""
