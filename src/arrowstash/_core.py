@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import logging
 import sys
 import threading
 import time
@@ -19,9 +18,8 @@ from arrowstash.entry import Entry, Key, materialize, parse_entry, signature_val
 from arrowstash.errors import BackendError, CorruptEntryError, SerializationError
 from arrowstash.keys import KeyMaker
 from arrowstash.l1 import L1, L1Item
+from arrowstash.logs import EventLog
 from arrowstash.serializers import AutoSerializer, Serializer, for_backend, resolve
-
-log = logging.getLogger("arrowstash.cache")
 
 
 class _Default:
@@ -53,11 +51,13 @@ class CacheInfo:
 
 
 class _Stats:
-    __slots__ = ("bytes_stored", "errors", "hit_time", "hits", "l1_hits", "miss_time", "misses")
+    __slots__ = ("bytes_stored", "error_kinds", "errors", "hit_time", "hits", "l1_hits",
+                 "miss_time", "misses")
 
     def __init__(self) -> None:
         self.hits = self.misses = self.l1_hits = self.errors = self.bytes_stored = 0
         self.hit_time = self.miss_time = 0.0
+        self.error_kinds: dict[str, int] = {}  # errors by kind (see arrowstash.logs)
 
 
 def _immutable(value: Any) -> bool:
@@ -160,7 +160,7 @@ class Core:
         self.strict = strict
         self.stats = _Stats()
         self.flights = _Flights()
-        self._warned: set[type] = set()
+        self.log = EventLog(self.name, namespace, self.backend)
         self._parsed: dict[Any, Entry] = {}  # validated headers of unchanged stored entries
         self._unsafe_names: set[str] = set()  # serializers met that unpickle
         self._by_name: dict[str, Serializer] = {}
@@ -188,7 +188,7 @@ class Core:
         except BackendError as exc:
             if not report:
                 return MISSING
-            self._failed("backend read", exc)
+            self._failed("backend_read", "backend read failed", key, exc)
             return UNREACHABLE
         if stored is None:
             return MISSING
@@ -213,11 +213,7 @@ class Core:
         except (CorruptEntryError, SerializationError) as exc:
             if not report:
                 return MISSING
-            self.stats.errors += 1
-            log.warning(
-                "unreadable cache entry of %s (%s); recomputing", self.name, exc,
-                extra={"function": self.name, "key_hash": key.hex[:12], "event": "corrupt_entry"},
-            )
+            self.error("corrupt_entry", "unreadable cache entry, recomputing", key, exc)
             return MISSING
         if self.l1 is not None and not stored.mapped:
             self._l1_put(key.digest, value, entry.serializer, entry.meta, entry.sections,
@@ -246,16 +242,11 @@ class Core:
         except SerializationError as exc:
             if self.strict:
                 raise
-            self.stats.errors += 1
-            if type(value) not in self._warned:
-                self._warned.add(type(value))
-                log.warning(
-                    "%s: result not cached: %s", self.name, exc,
-                    extra={"function": self.name, "event": "serialize_error"},
-                )
+            self.error("serialize", "result not cached", key, exc,
+                       topic=f"serialize {type(value).__qualname__}")
             return
         except BackendError as exc:
-            self._failed("backend write", exc)
+            self._failed("backend_write", "backend write failed", key, exc)
             return
         if self.l1 is not None:
             self._l1_put(key.digest, value, encoded.serializer, encoded.meta, encoded.sections,
@@ -306,14 +297,18 @@ class Core:
             self._by_name[name] = decoder
         return decoder
 
-    def _failed(self, what: str, exc: BackendError) -> None:
+    def _failed(self, kind: str, message: str, key: Key, exc: BackendError) -> None:
         if self.strict:
             raise exc
-        self.stats.errors += 1
-        log.warning(
-            "%s: %s failed: %s", self.name, what, exc,
-            extra={"function": self.name, "event": what.replace(" ", "_") + "_error"},
-        )
+        self.error(kind, message, key, exc)
+
+    def error(self, kind: str, message: str, key: Key | None, exc: BaseException | None,
+              topic: str | None = None) -> None:
+        """Count an error of ``kind`` and log it (rate-limited; see arrowstash.logs)."""
+        stats = self.stats
+        stats.errors += 1
+        stats.error_kinds[kind] = stats.error_kinds.get(kind, 0) + 1
+        self.log.event(kind, message, key=key, exc=exc, topic=topic)
 
     @contextmanager
     def locked(self, key: Key) -> Iterator[Held]:
@@ -328,11 +323,14 @@ class Core:
         try:
             with self.backend.lock(key, self.lock_timeout) as held:
                 entered = True
+                if held is Held.TIMEOUT:
+                    self.error("lock_timeout", f"stampede lock still held after "
+                               f"{self.lock_timeout:g} s; computing anyway", key, None)
                 yield held
         except BackendError as exc:
             if entered:
                 raise
-            self._failed("backend lock", exc)
+            self._failed("backend_lock", "backend lock failed", key, exc)
             yield Held.TIMEOUT
 
     def record_hit(self, started: float, layer_l1: bool) -> None:
