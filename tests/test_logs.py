@@ -101,6 +101,7 @@ def test_lock_timeout_is_logged_and_counted(
     [record] = _events(caplog, "lock_timeout")
     assert record.key_hash == f.cache_key(1).hex[:12] and "computing anyway" in record.getMessage()
     assert f._core.stats.error_kinds == {"lock_timeout": 1}
+    assert f.cache_info().errors == 0  # slow, not failed: cache_info counts failures only
 
 
 def _leaks(records: list[logging.LogRecord], secrets: list[str]) -> list[str]:

@@ -303,10 +303,11 @@ class Core:
         self.error(kind, message, key, exc)
 
     def error(self, kind: str, message: str, key: Key | None, exc: BaseException | None,
-              topic: str | None = None) -> None:
-        """Count an error of ``kind`` and log it (rate-limited; see arrowstash.logs)."""
+              topic: str | None = None, failure: bool = True) -> None:
+        """Count an error of ``kind`` and log it (rate-limited; see arrowstash.logs).
+        ``cache_info().errors`` counts failures only, not a lock that was merely slow."""
         stats = self.stats
-        stats.errors += 1
+        stats.errors += failure
         stats.error_kinds[kind] = stats.error_kinds.get(kind, 0) + 1
         self.log.event(kind, message, key=key, exc=exc, topic=topic)
 
@@ -325,7 +326,8 @@ class Core:
                 entered = True
                 if held is Held.TIMEOUT:
                     self.error("lock_timeout", f"stampede lock still held after "
-                               f"{self.lock_timeout:g} s; computing anyway", key, None)
+                               f"{self.lock_timeout:g} s; computing anyway", key, None,
+                               failure=False)
                 yield held
         except BackendError as exc:
             if entered:
