@@ -1,5 +1,8 @@
 """Avro <-> Arrow: schemas, and messages decoded straight into Arrow record batches."""
 
+from typing import Any
+
+from arrowstash.avro.from_arrow import from_arrow_schema
 from arrowstash.avro.schema import (
     Schema,
     canonical_form,
@@ -13,8 +16,21 @@ __all__ = [
     "AvroDecodeError",
     "AvroSchemaError",
     "Schema",
+    "Unframed",
+    "add_header",
     "canonical_form",
     "fingerprint",
+    "from_arrow_schema",
     "parse_schema",
+    "strip_header",
     "to_arrow_schema",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Framing needs NumPy (an optional dependency): imported when first used.
+    if name in ("Unframed", "add_header", "strip_header"):
+        from arrowstash.avro import framing
+
+        return getattr(framing, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,435 @@
+"""Schema resolution (the specification's "writer schema vs reader schema") on decoded columns.
+
+Messages are decoded with the schema they were written with; this module then turns the Arrow
+columns into what the reader's schema decodes to, column by column with Arrow kernels (casts,
+takes, dictionary remaps), never value by value in Python:
+
+- record fields are matched by name or by the reader field's aliases; fields only the reader has
+  take their default (a constant column), fields only the writer has are dropped;
+- promotions int -> long -> float -> double, string <-> bytes; logical types over the same
+  underlying type are reinterpreted (a ``long`` read as ``timestamp-micros``);
+- enum symbols are remapped to the reader's order, unknown ones to the reader's default;
+- unions: each writer branch goes to the first reader branch that matches it exactly, else the
+  first it can be promoted to; a non-union on one side matches the other side's union branches;
+- named types match by unqualified name or one of the reader's aliases.
+
+Schemas that can never match raise :class:`AvroSchemaError` naming the path; values whose
+resolution fails only for some data (a union branch or enum symbol the reader lacks) raise
+:class:`AvroDecodeError` naming the value.
+"""
+
+from __future__ import annotations
+
+import decimal
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+
+from arrowstash.avro._arrow_map import arrow_type, is_nullable_union
+from arrowstash.avro._np import numpy as np
+from arrowstash.avro.schema import (
+    Array,
+    AvroType,
+    Enum,
+    Fixed,
+    Map,
+    Primitive,
+    Record,
+    SchemaLike,
+    Union,
+    describe,
+    parse_schema,
+)
+from arrowstash.errors import AvroDecodeError, AvroSchemaError
+
+__all__ = ["resolve"]
+
+#: Writer primitive -> the reader primitives it may be read as (besides itself).
+_PROMOTIONS = {
+    "int": ("long", "float", "double"),
+    "long": ("float", "double"),
+    "float": ("double",),
+    "string": ("bytes",),
+    "bytes": ("string",),
+}
+_RAW = {"int": pa.int32(), "long": pa.int64(), "float": pa.float32(), "double": pa.float64(),
+        "string": pa.string(), "bytes": pa.binary(), "boolean": pa.bool_(), "null": pa.null()}
+#: Logical types whose Arrow arrays are their underlying ints, viewed with another type.
+_TEMPORAL = {"date", "time-millis", "time-micros", "timestamp-millis", "timestamp-micros",
+             "timestamp-nanos", "local-timestamp-millis", "local-timestamp-micros",
+             "local-timestamp-nanos"}
+
+
+def resolve(batch: pa.RecordBatch, writer: SchemaLike, reader: SchemaLike) -> pa.RecordBatch:
+    """``batch`` (decoded with ``writer``) as if it had been decoded with ``reader``."""
+    w, r = parse_schema(writer), parse_schema(reader)
+    target = r.arrow_schema
+    if isinstance(w.root, Record):
+        column: pa.Array = pa.StructArray.from_arrays(batch.columns, fields=list(batch.schema))
+    else:
+        column = batch.column(0)
+    out = _resolve(column, w.root, r.root, _path(r.root))
+    if isinstance(r.root, Record):
+        return pa.RecordBatch.from_arrays(
+            [out.field(i) for i in range(out.type.num_fields)], schema=target)
+    return pa.RecordBatch.from_arrays([out], schema=target)
+
+
+def _path(t: AvroType) -> str:
+    return t.name.rpartition(".")[2] if isinstance(t, (Record, Enum, Fixed)) else t.type
+
+
+# -- matching ------------------------------------------------------------------------------------
+
+def _short(name: str) -> str:
+    return name.rpartition(".")[2]
+
+
+def _same_name(w: Record | Enum | Fixed, r: Record | Enum | Fixed) -> bool:
+    return _short(w.name) == _short(r.name) or any(
+        alias == w.name or _short(alias) == _short(w.name) for alias in r.aliases
+    )
+
+
+def _matches(w: AvroType, r: AvroType, promote: bool) -> bool:
+    """Whether writer type ``w`` can be read as reader type ``r`` (neither a union), exactly
+    (same kind and name) or, with ``promote``, through a promotion."""
+    if isinstance(w, Primitive) and isinstance(r, Primitive):
+        return w.type == r.type or (promote and r.type in _PROMOTIONS.get(w.type, ()))
+    if type(w) is not type(r):
+        return False
+    if isinstance(w, Fixed):
+        assert isinstance(r, Fixed)
+        return w.size == r.size and _same_name(w, r)
+    if isinstance(w, (Record, Enum)):
+        return _same_name(w, r)  # type: ignore[arg-type]
+    return True  # arrays and maps: their items are resolved recursively
+
+
+def _branch_for(w: AvroType, r: Union) -> int | None:
+    """The reader union branch a writer value of type ``w`` goes to (None: no match)."""
+    for promote in (False, True):
+        for j, branch in enumerate(r.branches):
+            if _matches(w, branch, promote):
+                return j
+    return None
+
+
+# -- resolution ----------------------------------------------------------------------------------
+
+def _resolve(arr: pa.Array, w: AvroType, r: AvroType, path: str) -> pa.Array:
+    if isinstance(w, Union):
+        return _from_union(arr, w, r, path)
+    if isinstance(r, Union):
+        return _to_union(arr, w, r, path)
+    return _plain(arr, w, r, path)
+
+
+def _to_union(arr: pa.Array, w: AvroType, r: Union, path: str) -> pa.Array:
+    """A writer non-union value into reader union ``r``."""
+    j = _branch_for(w, r)
+    if j is None:
+        raise AvroSchemaError(f"{path}: writer type {describe(w)} matches no branch of the "
+                              f"reader's union {describe(r)}")
+    branch = r.branches[j]
+    if is_nullable_union(r):
+        if branch.type == "null":
+            return pa.nulls(len(arr), arrow_type(r))
+        return _resolve(arr, w, branch, path)
+    child = _resolve(arr, w, branch, path)
+    return _dense(r, np.full(len(arr), j, np.int8), np.arange(len(arr), dtype=np.int32),
+                  {j: child})
+
+
+def _dense(r: Union, types: np.ndarray, offsets: np.ndarray,
+           children: dict[int, pa.Array]) -> pa.Array:
+    """A dense union of reader type ``r`` from type codes, offsets and some children (the other
+    branches get empty children)."""
+    t = arrow_type(r)
+    arrays = [children.get(j, pa.array([], type=t.field(j).type)) for j in range(t.num_fields)]
+    buffers = [None, pa.py_buffer(types.astype(np.int8)), pa.py_buffer(offsets.astype(np.int32))]
+    return pa.Array.from_buffers(t, len(types), buffers, children=arrays)
+
+
+def _from_union(arr: pa.Array, w: Union, r: AvroType, path: str) -> pa.Array:
+    """A writer union value: each writer branch resolved on its own, then put back together."""
+    if is_nullable_union(w):
+        null_branch = w.branches[w.null_index or 0]
+        inner = w.branches[1 - (w.null_index or 0)]
+        if not isinstance(r, Union):
+            if arr.null_count and r.type != "null":
+                _unused(arr.is_null(), path, null_branch, r)
+            return _resolve(arr, inner, r, path)
+        null_to, inner_to = _branch_for(null_branch, r), _branch_for(inner, r)
+        if arr.null_count and null_to is None:
+            _unused(arr.is_null(), path, null_branch, r)
+        if inner_to is None:
+            _unused(arr.is_valid(), path, inner, r)
+            return pa.nulls(len(arr), arrow_type(r))
+        child = _resolve(arr, inner, r.branches[inner_to], path)
+        if is_nullable_union(r):
+            return child
+        valid = np.asarray(arr.is_valid())
+        types = np.where(valid, inner_to, null_to if null_to is not None else 0).astype(np.int8)
+        offsets = np.empty(len(arr), np.int32)
+        offsets[valid] = np.arange(int(valid.sum()), dtype=np.int32)
+        offsets[~valid] = np.arange(int((~valid).sum()), dtype=np.int32)
+        children = {inner_to: child.filter(pa.array(valid))}
+        if null_to is not None:
+            children[null_to] = pa.nulls(int((~valid).sum()), arrow_type(r.branches[null_to]))
+        return _dense(r, types, offsets, children)
+    # A dense union: resolve every branch's child, then gather rows.
+    types = np.asarray(arr.type_codes, dtype=np.int8)
+    offsets = np.asarray(arr.offsets, dtype=np.int32)
+    used = np.bincount(types, minlength=len(w.branches)) > 0
+    if isinstance(r, Union) and not is_nullable_union(r):
+        mapping = np.full(len(w.branches), -1, np.int8)
+        pieces: dict[int, list[pa.Array]] = {}
+        base = np.zeros(len(w.branches), np.int32)
+        for i, branch in enumerate(w.branches):
+            j = _branch_for(branch, r)
+            if j is None:
+                if used[i]:
+                    _unused(types == i, path, branch, r)
+                continue
+            mapping[i] = j
+            done = pieces.setdefault(j, [])
+            base[i] = sum(len(p) for p in done)
+            done.append(_resolve(arr.field(i), branch, r.branches[j], path))
+        children = {j: pa.concat_arrays(p) for j, p in pieces.items()}
+        return _dense(r, mapping[types], base[types] + offsets, children)
+    target = arrow_type(r)
+    resolved: list[pa.Array] = []
+    starts = np.zeros(len(w.branches), np.int64)
+    for i, branch in enumerate(w.branches):
+        child = arr.field(i)
+        starts[i] = sum(len(p) for p in resolved)
+        if not used[i]:
+            resolved.append(pa.nulls(len(child), target))
+            continue
+        if branch.type == "null":
+            goes = r.type == "null" or (isinstance(r, Union) and r.null_index is not None)
+            if not goes:
+                _unused(types == i, path, branch, r)
+            resolved.append(pa.nulls(len(child), target))
+            continue
+        into = r
+        if isinstance(r, Union):  # a nullable reader union: the non-null branch
+            j = _branch_for(branch, r)
+            if j is None or r.branches[j].type == "null":
+                _unused(types == i, path, branch, r)
+                continue
+            into = r.branches[j]
+        elif not (_matches(branch, r, True)):
+            _unused(types == i, path, branch, r)
+        resolved.append(_resolve(child, branch, into, path))
+    whole = pa.concat_arrays(resolved) if resolved else pa.array([], target)
+    return whole.take(pa.array(starts[types] + offsets))
+
+
+def _unused(rows: Any, path: str, branch: AvroType, r: AvroType) -> None:
+    """Fail if any row selected by ``rows`` holds a writer branch the reader cannot take."""
+    hits = np.flatnonzero(np.asarray(rows, dtype=bool))
+    if hits.size:
+        raise AvroDecodeError(
+            f"{path}: value {int(hits[0])} is a {describe(branch)}, which the reader's "
+            f"{describe(r)} has no branch for"
+        )
+
+
+def _plain(arr: pa.Array, w: AvroType, r: AvroType, path: str) -> pa.Array:
+    """Neither side a union."""
+    if not _matches(w, r, promote=True):
+        raise AvroSchemaError(
+            f"{path}: writer type {describe(w)} cannot be read as {describe(r)}"
+        )
+    if isinstance(w, Primitive):
+        assert isinstance(r, Primitive)
+        return _primitive(arr, w, r, path)
+    if isinstance(w, Record):
+        assert isinstance(r, Record)
+        return _record(arr, w, r, path)
+    if isinstance(w, Enum):
+        assert isinstance(r, Enum)
+        return _enum(arr, w, r, path)
+    if isinstance(w, Fixed):
+        assert isinstance(r, Fixed)
+        return _same_logical(arr, w, r, path)
+    if isinstance(w, Array):
+        assert isinstance(r, Array)
+        return _list(arr, lambda values: _resolve(values, w.items, r.items, f"{path}[]"), r)
+    assert isinstance(w, Map) and isinstance(r, Map)
+    return _map(arr, w, r, path)
+
+
+def _primitive(arr: pa.Array, w: Primitive, r: Primitive, path: str) -> pa.Array:
+    target = arrow_type(r)
+    if arr.type == target and w.type == r.type:
+        return arr
+    if not _plain_or_temporal(w) or not _plain_or_temporal(r):
+        return _same_logical(arr, w, r, path)
+    raw = arr.view(_RAW[w.type]) if w.logical_type else arr
+    if w.type != r.type:
+        try:
+            # long -> float may round, as in Avro; bytes -> string checks UTF-8.
+            raw = raw.cast(_RAW[r.type], safe=r.type == "string")
+        except pa.ArrowInvalid as exc:  # bytes that are not UTF-8 read as string
+            raise AvroDecodeError(f"{path}: writer bytes are not valid UTF-8 for the "
+                                  f"reader's string: {exc}") from None
+    return raw.view(target) if r.logical_type else raw
+
+
+def _plain_or_temporal(t: Primitive) -> bool:
+    return t.logical_type is None or t.logical_type in _TEMPORAL
+
+
+def _same_logical(arr: pa.Array, w: Primitive | Fixed, r: Primitive | Fixed, path: str) -> Any:
+    """Decimal, uuid and duration resolve only to themselves (same parameters)."""
+    same = (w.logical_type == r.logical_type and w.precision == r.precision
+            and w.scale == r.scale)
+    if not same:
+        raise AvroSchemaError(f"{path}: writer {describe(w)} cannot be read as {describe(r)} "
+                              "(their logical types or decimal parameters differ)")
+    target = arrow_type(r)
+    return arr if arr.type == target else arr.cast(target)
+
+
+def _record(arr: pa.Array, w: Record, r: Record, path: str) -> pa.Array:
+    by_name = {f.name: i for i, f in enumerate(w.fields)}
+    children: list[pa.Array] = []
+    for field in r.fields:
+        where = f"{path}.{field.name}"
+        i = next((by_name[n] for n in (field.name, *field.aliases) if n in by_name), None)
+        if i is not None:
+            children.append(_resolve(arr.field(i), w.fields[i].type, field.type, where))
+        elif field.has_default:
+            children.append(_constant(field.default, field.type, len(arr), where))
+        else:
+            raise AvroSchemaError(f"{where}: the reader's field is not in the writer's "
+                                  f"{_short(w.name)} and has no default")
+    t = arrow_type(r)
+    mask = arr.is_null() if arr.null_count else None
+    return pa.StructArray.from_arrays(children, fields=list(t), mask=mask)
+
+
+def _enum(arr: pa.Array, w: Enum, r: Enum, path: str) -> pa.Array:
+    position = {s: j for j, s in enumerate(r.symbols)}
+    fallback = position.get(r.default, -1) if r.default is not None else -1
+    written = arr.dictionary.to_pylist()  # the writer's symbols (in its schema's order)
+    mapping = np.array([position.get(s, fallback) for s in written] or [0], np.int32)
+    indices = arr.indices.fill_null(0).to_numpy(zero_copy_only=False)
+    remapped = mapping[indices]
+    bad = np.flatnonzero((remapped < 0) & np.asarray(arr.is_valid()))
+    if bad.size:
+        symbol = written[indices[bad[0]]]
+        raise AvroDecodeError(f"{path}: value {int(bad[0])} is symbol {symbol!r}, which the "
+                              f"reader's enum {_short(r.name)} lacks and it has no default")
+    mask = arr.is_null() if arr.null_count else None
+    return pa.DictionaryArray.from_arrays(pa.array(remapped, pa.int32(), mask=mask),
+                                          pa.array(r.symbols, pa.string()))
+
+
+def _list(arr: pa.Array, items: Callable[[pa.Array], pa.Array], r: AvroType) -> pa.Array:
+    offsets = np.asarray(arr.offsets, dtype=np.int64)
+    first, last = int(offsets[0]), int(offsets[-1])
+    values = items(arr.values.slice(first, last - first))
+    mask = arr.is_null() if arr.null_count else None
+    return pa.ListArray.from_arrays(pa.array(offsets - first, pa.int32()), values,
+                                    type=arrow_type(r), mask=mask)
+
+
+def _map(arr: pa.Array, w: Map, r: Map, path: str) -> pa.Array:
+    offsets = np.asarray(arr.offsets, dtype=np.int64)
+    first, last = int(offsets[0]), int(offsets[-1])
+    entries = arr.values.slice(first, last - first)
+    items = _resolve(entries.field(1), w.values, r.values, f"{path}{{}}")
+    mask = arr.is_null() if arr.null_count else None
+    return pa.MapArray.from_arrays(pa.array(offsets - first, pa.int32()), entries.field(0),
+                                   items, type=arrow_type(r), mask=mask)
+
+
+# -- defaults ------------------------------------------------------------------------------------
+
+def _constant(default: Any, t: AvroType, n: int, path: str) -> pa.Array:
+    """``n`` copies of a field's JSON default, as the reader type's Arrow array."""
+    try:
+        one = _one(default, t)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError,
+            pa.ArrowException) as exc:
+        raise AvroSchemaError(f"{path}: default {default!r} does not fit {describe(t)}: {exc}") \
+            from None
+    return one.take(pa.array(np.zeros(n, np.int32)))
+
+
+def _one(value: Any, t: AvroType) -> pa.Array:
+    """A one-element array holding the JSON default ``value`` of type ``t``."""
+    target = arrow_type(t)
+    if isinstance(t, Union):
+        branch = next((j for j, b in enumerate(t.branches) if _fits(value, b)), None)
+        if branch is None:
+            raise ValueError("it fits no branch of the union")
+        if is_nullable_union(t):
+            chosen = t.branches[branch]
+            return pa.nulls(1, target) if chosen.type == "null" else _one(value, chosen)
+        return _dense(t, np.array([branch], np.int8), np.zeros(1, np.int32),
+                      {branch: _one(value, t.branches[branch])})
+    if isinstance(t, Record):
+        children = [
+            _one(value.get(f.name, f.default), f.type) for f in t.fields
+        ]
+        return pa.StructArray.from_arrays(children, fields=list(target))
+    if isinstance(t, Enum):
+        return pa.DictionaryArray.from_arrays(pa.array([t.symbols.index(value)], pa.int32()),
+                                              pa.array(t.symbols, pa.string()))
+    if isinstance(t, Array):
+        items = [_one(v, t.items) for v in value]
+        values = pa.concat_arrays(items) if items else pa.array([], arrow_type(t.items))
+        return pa.ListArray.from_arrays(pa.array([0, len(items)], pa.int32()), values,
+                                        type=target)
+    if isinstance(t, Map):
+        keys = pa.array(list(value), pa.string())
+        items = [_one(v, t.values) for v in value.values()]
+        values = pa.concat_arrays(items) if items else pa.array([], arrow_type(t.values))
+        return pa.MapArray.from_arrays(pa.array([0, len(keys)], pa.int32()), keys, values,
+                                       type=target)
+    return pa.array([_scalar(value, t)], target)
+
+
+def _fits(value: Any, t: AvroType) -> bool:
+    try:
+        _one(value, t)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, pa.ArrowException):
+        return False
+    return True
+
+
+def _scalar(value: Any, t: Primitive | Fixed) -> Any:
+    """A primitive's JSON default as the Python value pyarrow builds its Arrow type from."""
+    if t.type == "null":
+        if value is not None:
+            raise ValueError("a null default must be null")
+        return None
+    if t.type in ("bytes", "fixed"):
+        raw = value.encode("latin-1")  # JSON defaults hold bytes as code points 0-255
+        if isinstance(t, Fixed) and len(raw) != t.size:
+            raise ValueError(f"{len(raw)} bytes, not {t.size}")
+        if t.logical_type == "decimal":
+            assert t.scale is not None
+            return decimal.Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-t.scale)
+        if t.logical_type == "duration":
+            months, days, millis = (int.from_bytes(raw[k : k + 4], "little") for k in (0, 4, 8))
+            return pa.MonthDayNano([months, days, millis * 1_000_000])
+        return raw
+    if t.logical_type == "uuid":
+        return uuid.UUID(value)
+    if t.type == "boolean" and not isinstance(value, bool):
+        raise TypeError("not a boolean")
+    if t.type in ("int", "long") and (isinstance(value, bool) or not isinstance(value, int)):
+        raise TypeError("not an integer")
+    if t.type in ("float", "double") and not isinstance(value, (int, float)):
+        raise TypeError("not a number")
+    if t.type == "string" and not isinstance(value, str):
+        raise TypeError("not a string")
+    return value
