@@ -47,6 +47,11 @@ from arrowstash.entry import Key
 from arrowstash.serializers.arrow import ArrowSerializer
 
 kind, rows, directory, codec = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+keyring = None
+if sys.argv[5] == "encrypt":
+    from arrowstash.crypto import Keyring
+
+    keyring = Keyring(bytes(range(32)))
 settle()
 before = status()["VmRSS"]
 if kind == "flights":
@@ -74,8 +79,9 @@ reset = status()
 backend = FileBackend(directory)
 serializer = ArrowSerializer(compression=None if codec == "none" else codec)
 started = time.perf_counter()
-written = backend.set(Key("rss", "store", bytes(16)), serializer.encode(df), created=0.0,
-                      expires=None)
+encoded = serializer.encode(df)
+encoded.encrypt_with = keyring
+written = backend.set(Key("rss", "store", bytes(16)), encoded, created=0.0, expires=None)
 seconds = time.perf_counter() - started
 print(json.dumps({
     "size": size, "before": before, "with_frame": reset["VmRSS"], "reset_hwm": reset["VmHWM"],
@@ -120,12 +126,15 @@ class StorePeak:
         )
 
 
-def measure_store(kind: str, rows: int, directory: Path, codec: str | None) -> StorePeak:
-    """Store a frame ("flights", or "synthetic" with ``rows`` rows) in a fresh interpreter."""
+def measure_store(kind: str, rows: int, directory: Path, codec: str | None,
+                  encrypt: bool = False) -> StorePeak:
+    """Store a frame ("flights", or "synthetic" with ``rows`` rows) in a fresh interpreter,
+    encrypted (AES-256-GCM) if ``encrypt``."""
     env = dict(os.environ)
     env.pop("ARROWSTASH_ARROW_COMPRESSION", None)
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, kind, str(rows), str(directory), codec or "none"],
+        [sys.executable, "-c", _CHILD, kind, str(rows), str(directory), codec or "none",
+         "encrypt" if encrypt else "plain"],
         capture_output=True, text=True, timeout=300, env=env, check=False,
     )
     if done.returncode != 0:

@@ -14,7 +14,16 @@ from typing import Any
 
 from arrowstash import backends, config
 from arrowstash.backends.base import Backend, Held
-from arrowstash.entry import Entry, Key, materialize, parse_entry, signature_valid
+from arrowstash.crypto import KeySpec, keyring_for
+from arrowstash.entry import (
+    FLAG_ENCRYPTED,
+    Entry,
+    Key,
+    materialize,
+    open_encrypted,
+    parse_entry,
+    signature_valid,
+)
 from arrowstash.errors import BackendError, CorruptEntryError, SerializationError
 from arrowstash.keys import KeyMaker
 from arrowstash.l1 import L1, L1Item
@@ -122,6 +131,8 @@ class Core:
         lock_timeout: float,
         strict: bool,
         secret: str | bytes | None,
+        encrypt: bool | None = None,
+        encryption_key: KeySpec | None = None,
     ) -> None:
         if isinstance(ttl, dt.timedelta):
             ttl = ttl.total_seconds()
@@ -140,10 +151,12 @@ class Core:
         self.keys = KeyMaker(func, f"{self.name}\0{namespace}\0{version}\0", ignore, key)
         self.backend = backends.default_backend() if backend is DEFAULT else backend
         self.serializer = for_backend(resolve(serializer), self.backend)
+        self.keyring = keyring_for(encrypt, encryption_key, self.backend)
         if isinstance(secret, str):
             secret = secret.encode()
         self.secret: bytes | None = config.secret() if secret is None else secret
-        if self._unsafe(self.serializer) and not self.secret and self._shared:
+        if self._unsafe(self.serializer) and not self.secret and self._shared \
+                and self.keyring is None:
             raise ValueError(
                 f"serializer {self.serializer.name!r} unpickles, which runs code: on the shared "
                 f"backend {self.backend!r} it needs a secret to sign entries (secret= or "
@@ -206,8 +219,11 @@ class Core:
             expires = entry.header.expires
             if expires and expires <= time.time():
                 return MISSING
+            sealed = bool(entry.header.flags & FLAG_ENCRYPTED)
+            if sealed or self.keyring is not None:
+                entry = self._decrypt(entry, sealed)
             decoder = self._decoder(entry.serializer)
-            if decoder.name in self._unsafe_names:
+            if decoder.name in self._unsafe_names and not sealed:
                 self._check_trust(entry)
             value = decoder.decode(entry.meta, entry.sections)
         except (CorruptEntryError, SerializationError) as exc:
@@ -225,7 +241,8 @@ class Core:
         expires = created + self.ttl if self.ttl is not None else 0.0
         try:
             encoded = self.serializer.encode(value)
-            if self._unsafe(self._decoder(encoded.serializer)):
+            encoded.encrypt_with = self.keyring  # authenticated: no signature needed then
+            if self.keyring is None and self._unsafe(self._decoder(encoded.serializer)):
                 if self.secret:
                     encoded.sign_with = self.secret
                 elif self._shared:
@@ -286,6 +303,16 @@ class Core:
                 raise CorruptEntryError("missing or wrong signature on a pickled entry")
         elif self._shared:
             raise CorruptEntryError("pickled entry on a shared backend and no secret to check it")
+
+    def _decrypt(self, entry: Entry, sealed: bool) -> Entry:
+        """The entry decrypted; an unencrypted one is refused where encryption is on (anyone
+        able to write to the store could plant it)."""
+        if self.keyring is None:
+            raise CorruptEntryError("entry is encrypted and this function has no key "
+                                    "(encrypt=True with ARROWSTASH_KEY or encryption_key=)")
+        if not sealed:
+            raise CorruptEntryError("unencrypted entry where encryption is required")
+        return open_encrypted(entry, self.keyring)
 
     def _decoder(self, name: str) -> Serializer:
         decoder = self._by_name.get(name)

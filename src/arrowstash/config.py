@@ -4,6 +4,8 @@
 - ``ARROWSTASH_ARROW_COMPRESSION``: "zstd", "lz4" or "none", overriding the per-backend default
   compression of frames.
 - ``ARROWSTASH_SECRET``: the key that signs pickled entries (see the buffers serializer).
+- ``ARROWSTASH_KEY``: the base64 AES-256 key of ``encrypt=True``; ``ARROWSTASH_PREVIOUS_KEYS``:
+  older keys, comma-separated, that still decrypt (see docs/encryption.md).
 - ``XDG_CACHE_HOME`` (or the platform's equivalent): where the default File backend lives.
 """
 
@@ -43,3 +45,10 @@ def arrow_compression(default: str | None) -> str | None:
 def secret() -> bytes | None:
     value = os.environ.get("ARROWSTASH_SECRET")
     return value.encode() if value else None
+
+
+def encryption_keys() -> tuple[str | None, list[str]]:
+    """The current encryption key and the previous ones, as text (arrowstash.crypto parses)."""
+    current = os.environ.get("ARROWSTASH_KEY", "").strip() or None
+    previous = os.environ.get("ARROWSTASH_PREVIOUS_KEYS", "")
+    return current, [k.strip() for k in previous.split(",") if k.strip()]

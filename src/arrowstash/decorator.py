@@ -11,6 +11,7 @@ from typing import Any, TypeVar, overload
 
 from arrowstash._core import DEFAULT, MISSING, UNREACHABLE, CacheInfo, Core
 from arrowstash.backends.base import Backend, Held
+from arrowstash.crypto import KeySpec
 from arrowstash.entry import Key
 from arrowstash.serializers import Serializer
 
@@ -145,6 +146,8 @@ def cache(
     lock_timeout: float = ...,
     strict: bool = ...,
     secret: str | bytes | None = ...,
+    encrypt: bool | None = ...,
+    encryption_key: KeySpec | None = ...,
 ) -> Callable[[F], F]: ...
 
 
@@ -166,6 +169,8 @@ def cache(
     lock_timeout: float = 60.0,
     strict: bool = False,
     secret: str | bytes | None = None,
+    encrypt: bool | None = None,
+    encryption_key: KeySpec | None = None,
 ) -> Any:
     """Cache a function's results by its arguments; see docs/decorator.md.
 
@@ -175,11 +180,14 @@ def cache(
     the key. Results that cannot be serialized are returned uncached (and logged) unless
     ``strict=True``, which also raises backend failures instead of logging them. ``secret``
     (default ``ARROWSTASH_SECRET``) signs and checks entries of serializers that unpickle.
+    ``encrypt=True`` encrypts entries with AES-256-GCM under ``encryption_key`` (default
+    ``ARROWSTASH_KEY``); see docs/encryption.md.
     """
     options = dict(
         ttl=ttl, namespace=namespace, version=version, backend=backend, serializer=serializer,
         l1=l1, l1_max_entries=l1_max_entries, l1_max_bytes=l1_max_bytes, key=key, ignore=ignore,
-        lock=lock, lock_timeout=lock_timeout, strict=strict, secret=secret,
+        lock=lock, lock_timeout=lock_timeout, strict=strict, secret=secret, encrypt=encrypt,
+        encryption_key=encryption_key,
     )
 
     def decorate(f: Any) -> Any:

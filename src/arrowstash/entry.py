@@ -13,12 +13,15 @@ import io
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import msgpack
 import xxhash
 
 from arrowstash.errors import CorruptEntryError
+
+if TYPE_CHECKING:
+    from arrowstash.crypto import Keyring, Sealer
 
 MAGIC = b"\x89AST\r\n\x1a\n"
 FORMAT_VERSION = 1
@@ -71,6 +74,9 @@ class Encoded:
     flags: int = 0
     #: A secret to sign the entry with (HMAC-SHA256 over its identity and every section byte).
     sign_with: bytes | None = None
+    #: Keys to encrypt the entry with (AES-256-GCM, see arrowstash.crypto); the metadata then
+    #: travels encrypted as section 0 instead of in the trailer.
+    encrypt_with: Keyring | None = None
 
     @property
     def in_memory(self) -> bool:
@@ -98,6 +104,7 @@ class Trailer(NamedTuple):
     meta: Any
     sections: list[list[int]]  # offset, length, xxh3-64
     tag: bytes | None  # HMAC-SHA256 of a signed entry
+    enc: dict[str, Any] | None = None  # how an encrypted entry was sealed: {"kid": key id}
 
 
 class Entry(NamedTuple):
@@ -172,11 +179,18 @@ class _EntryWriter:
             self._sink.write(_PAD[:gap])
             self._offset += gap
 
-    def section(self, source: Any) -> list[int]:
+    def section(self, source: Any, sealer: Sealer | None = None, index: int = 0) -> list[int]:
         self.pad()
         self._section_start = self._offset
         self._hasher.reset()
-        if callable(source):
+        if sealer is not None:
+            sealed = sealer.section(index, self.write_raw)
+            if callable(source):
+                source(sealed)
+            else:
+                sealed.write(source)
+            sealed.finish()
+        elif callable(source):
             source(_SectionStream(self))
         else:
             self.write_raw(source)
@@ -191,19 +205,30 @@ def write_entry(
 ) -> int:
     """Write ``encoded`` as one entry into ``sink``; return its total size in bytes."""
     expires = expires or 0.0
-    secret = encoded.sign_with
+    flags = encoded.flags
+    sections, meta, sealer = encoded.sections, encoded.meta, None
+    keyring = encoded.encrypt_with
+    if keyring is not None:
+        flags |= FLAG_ENCRYPTED
+        sections = [msgpack.packb(meta, use_bin_type=True), *sections]
+        meta = None
+        sealer = keyring.sealer(
+            _identity(key, encoded.serializer, flags, created, expires, len(sections))
+        )
+    secret = encoded.sign_with if sealer is None else None  # encryption authenticates already
     mac = _signer(secret, key, encoded.serializer, created, expires) if secret else None
     writer = _EntryWriter(sink, mac)
-    table = [writer.section(s) for s in encoded.sections]
+    table = [writer.section(s, sealer, i) for i, s in enumerate(sections)]
     fields = {
         "key": key.digest,
         "ns": key.namespace,
         "fn": key.function,
         "ser": encoded.serializer,
-        "meta": encoded.meta,
+        "meta": meta,
         "sec": table,
     }
-    flags = encoded.flags
+    if sealer is not None:
+        fields["enc"] = {"kid": sealer.key_id}
     if mac is not None:
         fields["tag"] = mac.digest()
         flags |= FLAG_SIGNED
@@ -216,6 +241,35 @@ def write_entry(
     checksum = _checksum(header, trailer)
     sink.patch(0, header[:_CHECKSUM_AT] + struct.pack("<Q", checksum) + header[_CHECKSUM_AT + 8 :])
     return total
+
+
+def _identity(key: Key, serializer: str, flags: int, created: float, expires: float,
+              count: int) -> bytes:
+    """What an encrypted entry's every chunk is bound to (its associated data)."""
+    packed: bytes = msgpack.packb(
+        [key.namespace, key.function, key.digest, serializer, flags, created, expires, count],
+        use_bin_type=True,
+    )
+    return packed
+
+
+def open_encrypted(entry: Entry, keyring: Keyring) -> Entry:
+    """``entry`` with its sections decrypted (into buffers of its own) and its metadata restored;
+    CorruptEntryError if it does not authenticate."""
+    header, trailer = entry.header, entry.trailer
+    assert trailer.enc is not None
+    if entry.meta is not None:
+        raise CorruptEntryError("encrypted entry with plaintext metadata in its trailer")
+    identity = _identity(entry.key, entry.serializer, header.flags, header.created,
+                         header.expires, header.sections)
+    opened = keyring.open_sections(trailer.enc.get("kid"), identity, entry.sections)
+    if not opened:
+        raise CorruptEntryError("encrypted entry has no metadata section")
+    try:
+        meta = msgpack.unpackb(opened[0], raw=False, strict_map_key=False)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise CorruptEntryError(f"unreadable encrypted metadata: {exc}") from exc
+    return entry._replace(meta=meta, sections=opened[1:])
 
 
 def _pack_header(
@@ -278,7 +332,8 @@ def materialize(encoded: Encoded) -> Encoded:
             section(out)
             section = out.getbuffer()
         sections.append(section)
-    return Encoded(encoded.serializer, encoded.meta, sections, encoded.flags, encoded.sign_with)
+    return Encoded(encoded.serializer, encoded.meta, sections, encoded.flags, encoded.sign_with,
+                   encoded.encrypt_with)
 
 
 def read_header(buffer: Any, size: int | None = None) -> Header:
@@ -313,12 +368,13 @@ def read_trailer(header_bytes: Any, header: Header, trailer: Any) -> Trailer:
         info = msgpack.unpackb(trailer, raw=False, strict_map_key=False)
         namespace, function, digest = info["ns"], info["fn"], info["key"]
         serializer, table = info["ser"], info["sec"]
-        meta, tag = info["meta"], info.get("tag")
+        meta, tag, enc = info["meta"], info.get("tag"), info.get("enc")
     except (ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
         raise CorruptEntryError(f"unreadable trailer: {exc}") from exc
     if type(namespace) is not str or type(function) is not str or type(digest) is not bytes \
             or type(serializer) is not str or type(table) is not list \
-            or (tag is not None and type(tag) is not bytes):
+            or (tag is not None and type(tag) is not bytes) \
+            or (enc is not None and type(enc) is not dict):
         raise CorruptEntryError("trailer fields have the wrong types")
     if len(table) != header.sections:
         raise CorruptEntryError("section table does not match the header")
@@ -332,7 +388,9 @@ def read_trailer(header_bytes: Any, header: Header, trailer: Any) -> Trailer:
             raise CorruptEntryError(f"section {index} lies outside the entry")
     if (tag is not None) != bool(header.flags & FLAG_SIGNED):
         raise CorruptEntryError("signature flag and tag disagree")
-    return Trailer(Key(namespace, function, digest), serializer, meta, table, tag)
+    if (enc is not None) != bool(header.flags & FLAG_ENCRYPTED):
+        raise CorruptEntryError("encryption flag and trailer disagree")
+    return Trailer(Key(namespace, function, digest), serializer, meta, table, tag, enc)
 
 
 def parse_entry(
@@ -355,6 +413,8 @@ def parse_entry(
     else:
         header = read_header(view)
         trailer = read_trailer(view[:ALIGN], header, view[header.trailer_at : header.total])
+    # AES-GCM authenticates every byte of an encrypted section when it is decrypted.
+    check_sections = check_sections and not header.flags & FLAG_ENCRYPTED
     sections = []
     for index, (offset, length, digest) in enumerate(trailer.sections):
         section = view[offset : offset + length]

@@ -57,7 +57,8 @@ class FileBackend:
 
     ``max_bytes`` caps the folder by evicting least recently used entries; ``durable`` fsyncs
     each entry and its folder before it becomes visible. Entries of ``mmap_threshold`` bytes or
-    more are read through a private memory map instead of being read in.
+    more are read through a private memory map instead of being read in. ``encrypt=True`` makes
+    every cached function using this backend encrypt its entries (docs/encryption.md).
     """
 
     shared = False
@@ -70,6 +71,8 @@ class FileBackend:
         max_bytes: int | None = None,
         durable: bool = False,
         mmap_threshold: int = 1 << 20,
+        *,
+        encrypt: bool = False,
     ) -> None:
         if max_bytes is not None and max_bytes <= 0:
             raise ValueError(f"max_bytes must be positive or None, not {max_bytes!r}")
@@ -77,6 +80,7 @@ class FileBackend:
         self.max_bytes = max_bytes
         self.durable = durable
         self.mmap_threshold = max(mmap_threshold, ALIGN)
+        self.encrypt = encrypt
         self._written_since_scan = 0
         self._known_size: int | None = None
         self._folders: dict[tuple[str, str], str] = {}

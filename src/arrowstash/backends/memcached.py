@@ -37,7 +37,11 @@ def _expire(expires: float | None) -> int:
 
 
 class MemcachedBackend:
-    """``MemcachedBackend("memcached://h1:11211,h2:11211")`` or a list of ``(host, port)``."""
+    """``MemcachedBackend("memcached://h1:11211,h2:11211")`` or a list of ``(host, port)``.
+
+    ``encrypt=True`` makes every cached function using this backend encrypt its entries
+    (docs/encryption.md).
+    """
 
     shared = True
     arrow_compression: str | None = "zstd"
@@ -52,6 +56,7 @@ class MemcachedBackend:
         connect_timeout: float = 0.5,
         breaker_failures: int = 5,
         breaker_cooldown: float = 5.0,
+        encrypt: bool = False,
     ) -> None:
         if isinstance(servers, str):
             self.url = servers
@@ -78,6 +83,7 @@ class MemcachedBackend:
         self.prefix = prefix
         # Room for the key and the item header inside memcached's default 1 MiB slab.
         self.chunk_bytes = item_bytes - 1024
+        self.encrypt = encrypt
         self.breaker = Breaker(breaker_failures, breaker_cooldown)
 
     def __repr__(self) -> str:

@@ -66,7 +66,8 @@ class RedisBackend:
 
     Timeouts are short by default: a slow or absent server must cost a call little. After
     ``breaker_failures`` consecutive failures the backend is skipped for ``breaker_cooldown``
-    seconds, then probed again.
+    seconds, then probed again. ``encrypt=True`` makes every cached function using this backend
+    encrypt its entries (docs/encryption.md).
     """
 
     shared = True
@@ -83,6 +84,7 @@ class RedisBackend:
         connect_timeout: float = 0.5,
         breaker_failures: int = 5,
         breaker_cooldown: float = 5.0,
+        encrypt: bool = False,
     ) -> None:
         if chunk_bytes < 1024:
             raise ValueError(f"chunk_bytes must be at least 1024, not {chunk_bytes!r}")
@@ -97,6 +99,7 @@ class RedisBackend:
         self.cluster = isinstance(self._client, redis.cluster.RedisCluster)
         self.prefix = _part(prefix)
         self.chunk_bytes = chunk_bytes
+        self.encrypt = encrypt
         self.breaker = Breaker(breaker_failures, breaker_cooldown)
         self._swap = self._client.register_script(_SWAP)
         self._release = self._client.register_script(_RELEASE)

@@ -1,0 +1,296 @@
+"""AES-256-GCM encryption of entry sections, with key rotation (see docs/encryption.md).
+
+Every section of an encrypted entry is a run of chunks, each sealed on its own with a fresh random
+96-bit nonce, and closed by an empty terminator chunk that authenticates the section's length:
+
+    chunk:      u32 length | 12-byte nonce | ciphertext (length bytes) | 16-byte tag
+    terminator: u32 0      | 12-byte nonce | 16-byte tag
+
+The associated data of every chunk binds the entry's identity (namespace, function, key digest,
+serializer, flags, created, expires, section count, key id) and the chunk's place (section index,
+chunk index, length, terminator or not), so a chunk that is altered, moved, reordered, dropped or
+replayed under another key fails to authenticate. Sections are written chunk by chunk and
+decrypted straight into one buffer per section: encrypting never holds a second copy of a value.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import os
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from arrowstash import config
+from arrowstash.errors import CorruptEntryError
+
+#: Plaintext bytes sealed per chunk: big enough that per-chunk costs vanish, small enough that a
+#: streamed store buffers little.
+CHUNK = 4 << 20
+_MAX_CHUNK = 64 << 20  # what a reader accepts: a bound on a forged length field
+NONCE = 12
+TAG = 16
+_FRAME = struct.Struct("<I")
+_PLACE = struct.Struct("<IIQB")  # section index, chunk index, length (total if last), last
+_CONTEXT = b"arrowstash aes-256-gcm v1\0"
+#: Sections at least this large decrypt into Arrow-allocated memory (64-byte aligned, not
+#: zero-filled first); smaller ones into a bytearray.
+_ARROW_BUFFER_FROM = 1 << 20
+_INSTALL_HINT = "encryption needs the cryptography package: pip install 'arrowstash[encrypt]'"
+
+
+def _aesgcm() -> Any:
+    try:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    except ImportError as exc:
+        raise ImportError(_INSTALL_HINT) from exc
+    return AESGCM
+
+
+def _invalid_tag() -> type[Exception]:
+    from cryptography.exceptions import InvalidTag
+
+    return InvalidTag
+
+
+KeySpec = str | bytes | Sequence[str | bytes]
+
+
+def keyring_for(encrypt: bool | None, encryption_key: KeySpec | None,
+                backend: Any) -> Keyring | None:
+    """The keys a cached function encrypts with, or None when it does not encrypt.
+
+    ``encrypt=None`` follows the backend (``encrypt=True`` on it makes every function using it
+    encrypt) and turns on where ``encryption_key=`` is given; a function cannot opt out of a
+    backend's encryption. Missing and malformed keys fail here, when the decorator is applied.
+    """
+    required = bool(getattr(backend, "encrypt", False))
+    if encrypt is None:
+        encrypt = required or encryption_key is not None
+    elif not encrypt:
+        if required:
+            raise ValueError(f"backend {backend!r} encrypts every entry; encrypt=False cannot "
+                             "turn that off")
+        if encryption_key is not None:
+            raise ValueError("encryption_key= is given but encrypt=False")
+    if not encrypt:
+        return None
+    return Keyring.build(encryption_key, config.encryption_keys())
+
+
+def parse_key(value: str | bytes, where: str) -> bytes:
+    """A 32-byte key from raw bytes or base64 text; errors name ``where``, never the value."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raw = bytes(value)
+        if len(raw) != 32:
+            raise ValueError(f"{where}: an AES-256 key is 32 raw bytes, not {len(raw)}")
+        return raw
+    if not isinstance(value, str):
+        kind = type(value).__qualname__
+        raise TypeError(f"{where}: a key is base64 text or 32 bytes, not {kind}")
+    text = value.strip()
+    try:
+        raw = base64.b64decode(text.replace("-", "+").replace("_", "/"), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"{where}: the key is not valid base64 (expected 32 bytes, "
+                         "base64-encoded: see docs/encryption.md)") from None
+    if len(raw) != 32:
+        raise ValueError(f"{where}: the key decodes to {len(raw)} bytes; AES-256 needs 32")
+    return raw
+
+
+def key_id(key: bytes) -> bytes:
+    """A short public name for a key: a keyed-hash of it, which reveals nothing about it."""
+    return hashlib.blake2b(key, digest_size=8, person=b"arrowstash-kid").digest()
+
+
+class Keyring:
+    """The key that encrypts new entries, and older keys that still decrypt theirs.
+
+    Keys are held only inside cipher objects; the repr, errors and logs name keys by their id.
+    """
+
+    __slots__ = ("_ciphers", "key_id")
+
+    def __init__(self, current: bytes, previous: Sequence[bytes] = ()) -> None:
+        aesgcm = _aesgcm()
+        self.key_id = key_id(current)
+        self._ciphers: dict[bytes, Any] = {}
+        for key in (*reversed(previous), current):  # the current key wins a (2^-64) id clash
+            self._ciphers[key_id(key)] = aesgcm(key)
+
+    def __repr__(self) -> str:
+        return f"<Keyring key id {self.key_id.hex()} (+{len(self._ciphers) - 1} older)>"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a Keyring holds secret keys and is not picklable")
+
+    @classmethod
+    def build(cls, spec: KeySpec | None,
+              environment: tuple[str | None, list[str]]) -> Keyring:
+        """From ``encryption_key=`` (one key, or a list: the first encrypts, all decrypt), else
+        from ``environment`` (ARROWSTASH_KEY and ARROWSTASH_PREVIOUS_KEYS, as config reads
+        them)."""
+        if spec is None:
+            current, previous = environment
+            if not current:
+                raise ValueError(
+                    "encrypt=True needs a key: set ARROWSTASH_KEY to a base64-encoded 32-byte key "
+                    "(base64.b64encode(os.urandom(32)) makes one) or pass encryption_key="
+                )
+            return cls(parse_key(current, "ARROWSTASH_KEY"), [
+                parse_key(k, f"ARROWSTASH_PREVIOUS_KEYS (key {i + 1})")
+                for i, k in enumerate(previous)
+            ])
+        if isinstance(spec, (str, bytes)):
+            return cls(parse_key(spec, "encryption_key"))
+        keys = [parse_key(k, f"encryption_key[{i}]") for i, k in enumerate(spec)]
+        if not keys:
+            raise ValueError("encryption_key: an empty list holds no key to encrypt with")
+        return cls(keys[0], keys[1:])
+
+    def sealer(self, bound: bytes) -> Sealer:
+        """What writes the sections of one entry whose identity is ``bound``."""
+        return Sealer(self._ciphers[self.key_id], self.key_id, bound)
+
+    def open_sections(self, kid: Any, bound: bytes,
+                      sections: Sequence[memoryview]) -> list[memoryview]:
+        """Decrypt every section of an entry sealed under key ``kid``; CorruptEntryError if any
+        chunk fails to authenticate."""
+        cipher = self._ciphers.get(kid) if type(kid) is bytes else None
+        if cipher is None:
+            shown = kid.hex() if type(kid) is bytes else "?"
+            raise CorruptEntryError(
+                f"entry is encrypted with key id {shown}, which is not among this process's keys "
+                "(ARROWSTASH_KEY, ARROWSTASH_PREVIOUS_KEYS or encryption_key=)"
+            )
+        prefix = _CONTEXT + kid + bound
+        return [_open_section(cipher, prefix, index, section)
+                for index, section in enumerate(sections)]
+
+
+class Sealer:
+    """Seals the sections of one entry; ``section`` gives a write-only file for each."""
+
+    __slots__ = ("_cipher", "_prefix", "key_id")
+
+    def __init__(self, cipher: Any, kid: bytes, bound: bytes) -> None:
+        self._cipher = cipher
+        self.key_id = kid
+        self._prefix = _CONTEXT + kid + bound
+
+    def section(self, index: int, emit: Callable[[Any], Any]) -> SealedSection:
+        return SealedSection(self._cipher, self._prefix, index, emit)
+
+
+class SealedSection:
+    """A write-only file that encrypts what it is given into chunks passed to ``emit``.
+
+    Large writes are sealed straight from the caller's buffer in CHUNK slices; small ones are
+    gathered first, so that a stream of small writes does not pay a chunk per write.
+    """
+
+    closed = False
+
+    def __init__(self, cipher: Any, prefix: bytes, index: int,
+                 emit: Callable[[Any], Any]) -> None:
+        self._cipher = cipher
+        self._prefix = prefix
+        self._index = index
+        self._emit = emit
+        self._pending = bytearray()
+        self._chunks = 0
+        self._size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def flush(self) -> None:
+        pass
+
+    def tell(self) -> int:
+        return self._size
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")  # the cipher takes unsigned bytes only
+        size = view.nbytes
+        if size >= CHUNK // 2:
+            self._seal_pending()
+            for start in range(0, size, CHUNK):
+                self._seal(view[start : start + CHUNK])
+        elif size:
+            self._pending += view
+            if len(self._pending) >= CHUNK:
+                self._seal_pending()
+        self._size += size
+        return size
+
+    def finish(self) -> None:
+        """Seal what is pending, then the terminator that authenticates the length."""
+        self._seal_pending()
+        self._seal(b"", last=True)
+
+    def _seal_pending(self) -> None:
+        if self._pending:
+            self._seal(self._pending)
+            self._pending = bytearray()
+
+    def _seal(self, plain: Any, last: bool = False) -> None:
+        length = len(plain) if not last else 0
+        nonce = os.urandom(NONCE)
+        place = _PLACE.pack(self._index, self._chunks, self._size if last else length, last)
+        sealed = self._cipher.encrypt(nonce, plain, self._prefix + place)
+        self._emit(_FRAME.pack(length) + nonce)
+        self._emit(sealed)
+        self._chunks += 1
+
+
+def _allocate(size: int) -> memoryview:
+    """A writable buffer owned by the result it will hold."""
+    if size < _ARROW_BUFFER_FROM:
+        return memoryview(bytearray(size))
+    import pyarrow as pa
+
+    return memoryview(pa.allocate_buffer(size)).cast("B")
+
+
+def _open_section(cipher: Any, prefix: bytes, index: int, sealed: memoryview) -> memoryview:
+    frames = []  # (offset of the nonce, plaintext length)
+    position, end, total = 0, sealed.nbytes, 0
+    while True:
+        if position + _FRAME.size + NONCE + TAG > end:
+            raise CorruptEntryError(f"encrypted section {index} is truncated")
+        (length,) = _FRAME.unpack_from(sealed, position)
+        position += _FRAME.size
+        if length == 0:
+            if position + NONCE + TAG != end:
+                raise CorruptEntryError(f"encrypted section {index} has bytes after its end")
+            break
+        if length > _MAX_CHUNK:
+            raise CorruptEntryError(f"encrypted section {index} has a chunk of {length} bytes")
+        frames.append((position, length))
+        position += NONCE + length + TAG
+        total += length
+    invalid = _invalid_tag()
+    out = _allocate(total)
+    written = 0
+    try:
+        for chunk, (at, length) in enumerate(frames):
+            place = _PLACE.pack(index, chunk, length, False)
+            cipher.decrypt_into(sealed[at : at + NONCE],
+                                sealed[at + NONCE : at + NONCE + length + TAG],
+                                prefix + place, out[written : written + length])
+            written += length
+        place = _PLACE.pack(index, len(frames), total, True)
+        cipher.decrypt(sealed[position : position + NONCE], sealed[position + NONCE : end],
+                       prefix + place)
+    except invalid:
+        raise CorruptEntryError(
+            f"encrypted section {index} fails authentication (tampered, truncated, reordered, or "
+            "sealed for another entry)"
+        ) from None
+    return out
