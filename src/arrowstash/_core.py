@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -26,7 +25,7 @@ from arrowstash.entry import (
 )
 from arrowstash.errors import BackendError, CorruptEntryError, SerializationError
 from arrowstash.keys import KeyMaker
-from arrowstash.l1 import L1, L1Item
+from arrowstash.l1 import L1, L1Item, copier, frozen_size
 from arrowstash.logs import EventLog
 from arrowstash.serializers import AutoSerializer, Serializer, for_backend, resolve
 
@@ -42,7 +41,6 @@ DEFAULT: Any = _Default()
 MISSING: Any = object()
 #: A first look that found the backend failing: the call computes without it (one timeout).
 UNREACHABLE: Any = object()
-_IMMUTABLE = frozenset({int, float, bool, str, bytes, type(None), complex})
 
 
 @dataclass(frozen=True)
@@ -60,25 +58,16 @@ class CacheInfo:
 
 
 class _Stats:
-    __slots__ = ("bytes_stored", "error_kinds", "errors", "hit_time", "hits", "l1_hits",
-                 "miss_time", "misses")
+    """Counters; hits of the shells' fast L1 path are kept apart (one increment per hit)."""
+
+    __slots__ = ("bytes_stored", "error_kinds", "errors", "fast_hits", "fast_time", "hit_time",
+                 "hits", "l1_hits", "miss_time", "misses")
 
     def __init__(self) -> None:
         self.hits = self.misses = self.l1_hits = self.errors = self.bytes_stored = 0
-        self.hit_time = self.miss_time = 0.0
+        self.fast_hits = 0
+        self.hit_time = self.miss_time = self.fast_time = 0.0
         self.error_kinds: dict[str, int] = {}  # errors by kind (see arrowstash.logs)
-
-
-def _immutable(value: Any) -> bool:
-    cls = type(value)
-    if cls is tuple:
-        return all(type(v) in _IMMUTABLE for v in value)
-    return cls in _IMMUTABLE
-
-
-def _object_size(value: Any) -> int:
-    inner = sum(map(sys.getsizeof, value)) if type(value) is tuple else 0
-    return sys.getsizeof(value) + inner
 
 
 class _Flights:
@@ -272,11 +261,17 @@ class Core:
     def _l1_put(self, digest: bytes, value: Any, serializer: str, meta: Any,
                 sections: list[Any], expires: float) -> None:
         assert self.l1 is not None
-        if _immutable(value):
-            self.l1.put(digest, L1Item(expires, _object_size(value), value, None))
+        frozen = frozen_size(value)
+        if frozen is not None:
+            self.l1.put(digest, L1Item(expires, frozen, value, None))
         elif not any(callable(s) for s in sections):  # streamed sections are not kept in memory
             size = sum(memoryview(s).nbytes for s in sections) + 64
             if size <= self.l1.max_bytes:
+                # plain containers: copying them is several times cheaper than decoding
+                load = copier(value) if serializer == "standard" else None
+                if load is not None:
+                    self.l1.put(digest, L1Item(expires, size, None, load))
+                    return
                 decoder = self._decoder(serializer)
                 copies = [bytes(s) for s in sections]
                 if getattr(decoder, "mutable_results", False):
@@ -374,9 +369,10 @@ class Core:
 
     def info(self) -> CacheInfo:
         s = self.stats
+        hits = s.hits + s.fast_hits
         return CacheInfo(
-            s.hits, s.misses, s.l1_hits, s.errors, s.bytes_stored,
-            s.hit_time / s.hits if s.hits else 0.0,
+            hits, s.misses, s.l1_hits + s.fast_hits, s.errors, s.bytes_stored,
+            (s.hit_time + s.fast_time) / hits if hits else 0.0,
             s.miss_time / s.misses if s.misses else 0.0,
             len(self.l1) if self.l1 is not None else 0,
         )
