@@ -10,6 +10,9 @@ arrowstash and cachekit are also checked to serve their hits from the layer unde
 ``cache_info()``). Batches of calls are timed with ``time.perf_counter_ns``, the contenders
 interleaved round-robin so machine noise hits all alike, and the median per-call time is
 reported as a Markdown table, followed by the targets of the hit-latency issue (PASS/FAIL).
+The "metrics on" contenders are the same modes with ``arrowstash.metrics.enable()`` in force
+while their batches run (it is switched off for every other contender's batches), so the cost
+of metrics is measured side by side with the plain modes.
 
 ``--quick`` is a CI smoke run (under 30 s); the default run takes well under 3 minutes. The peers
 come from ``pip install --group bench``; one that is not installed is skipped with a note.
@@ -45,6 +48,8 @@ ARG = 7
 AS_L1 = "arrowstash L1 (backend=None)"
 AS_L1_FILE = "arrowstash L1 over File"
 AS_FILE = "arrowstash File (l1=False)"
+AS_L1_METRICS = "arrowstash L1, metrics on"
+AS_FILE_METRICS = "arrowstash File (l1=False), metrics on"
 CK_L1 = "cachekit L1-only (backend=None)"
 CK_L1_FILE = "cachekit L1 over File"
 CK_FILE = "cachekit File (l1_enabled=False)"
@@ -104,12 +109,17 @@ class Spec(NamedTuple):
     baseline: str | None  # the arrowstash mode it is compared with
     from_l1: bool | None  # where its hits must come from, checked with cache_info()
     decorate: Decorate
+    metrics: bool = False  # arrowstash.metrics enabled while it runs
 
 
 SPECS = [
     Spec(AS_L1, "arrowstash", None, True, _arrowstash(file=False, l1=True)),
     Spec(AS_L1_FILE, "arrowstash", None, True, _arrowstash(file=True, l1=True)),
     Spec(AS_FILE, "arrowstash", None, False, _arrowstash(file=True, l1=False)),
+    Spec(AS_L1_METRICS, "prometheus_client", AS_L1, True, _arrowstash(file=False, l1=True),
+         metrics=True),
+    Spec(AS_FILE_METRICS, "prometheus_client", AS_FILE, False, _arrowstash(file=True, l1=False),
+         metrics=True),
     Spec("functools.lru_cache", "", AS_L1, None, _lru_cache),
     Spec("cachetools.cached(LRUCache)", "cachetools", AS_L1, None, _cachetools),
     Spec(CK_L1, "cachekit", AS_L1, True, _cachekit(file=False, l1=True)),
@@ -118,12 +128,26 @@ SPECS = [
     Spec("joblib.Memory.cache", "joblib", AS_FILE, None, _joblib),
     Spec(DISKCACHE, "diskcache", AS_FILE, None, _diskcache),
 ]
-PIP_NAMES = {"cachekit": "cachekit==0.24.1"}
+PIP_NAMES = {"cachekit": "cachekit==0.24.1", "prometheus_client": "'arrowstash[prometheus]'"}
 TARGETS = [  # (label, slower contender, arrowstash mode, minimum ratio)
     ("(1) arrowstash L1 hit vs cachekit L1-only hit", CK_L1, AS_L1, 10.0),
     ("(2a) arrowstash File hit (L1 off) vs cachekit File hit (L1 off)", CK_FILE, AS_FILE, 4.0),
     ("(2b) arrowstash File hit (L1 off) vs diskcache memoize", DISKCACHE, AS_FILE, 2.0),
 ]
+#: (label, plain mode, metered mode, maximum cost of metrics as a fraction of the plain time)
+OVERHEADS = [("(3) metrics on: L1 hit overhead", AS_L1, AS_L1_METRICS, 0.20),
+             ("(info) metrics on: File hit (L1 off) overhead", AS_FILE, AS_FILE_METRICS, None)]
+
+
+def metrics_for(c: Contender) -> None:
+    """Switch arrowstash.metrics to what the contender about to run wants."""
+    if c.spec.metrics != arrowstash.metrics.enabled():
+        if c.spec.metrics:
+            from prometheus_client import CollectorRegistry
+
+            arrowstash.metrics.enable(CollectorRegistry())
+        else:
+            arrowstash.metrics.disable()
 
 
 @dataclass
@@ -167,6 +191,7 @@ def time_calls(fn: Func, n: int) -> int:
 
 def warm(c: Contender, batch_ns: float) -> None:
     """First call computes; then size a batch to last about batch_ns and check the hits."""
+    metrics_for(c)
     if c.fn(ARG) != expected(ARG):
         raise SystemExit(f"{c.spec.name}: wrong result")
     n = 16
@@ -181,6 +206,7 @@ def measure(contenders: list[Contender], rounds: int) -> None:
     for r in range(rounds):
         shift = r % len(contenders)
         for c in contenders[shift:] + contenders[:shift]:
+            metrics_for(c)
             c.times.append(time_calls(c.fn, c.batch) / c.batch)
 
 
@@ -209,6 +235,15 @@ def report(contenders: list[Contender], rounds: int) -> None:
         ratio = median[peer] / median[mode]
         verdict = "PASS" if ratio >= need else "FAIL"
         print(f"- {verdict} {label}: {ratio:.1f}x faster (target >= {need:g}x)")
+    for label, plain, metered, limit in OVERHEADS:
+        if metered not in median:
+            print(f"- SKIP {label}: {metered} not measured")
+            continue
+        cost = median[metered] / median[plain] - 1
+        verdict = "INFO" if limit is None else "PASS" if cost <= limit else "FAIL"
+        target = "" if limit is None else f" (target <= +{limit:.0%})"
+        print(f"- {verdict} {label}: {cost:+.1%}, {median[metered]:.2f} vs "
+              f"{median[plain]:.2f} µs{target}")
 
 
 def main() -> None:

@@ -60,12 +60,13 @@ class CacheInfo:
 class _Stats:
     """Counters; hits of the shells' fast L1 path are kept apart (one increment per hit)."""
 
-    __slots__ = ("bytes_stored", "error_kinds", "errors", "fast_hits", "fast_time", "hit_time",
-                 "hits", "l1_hits", "miss_time", "misses")
+    __slots__ = ("bytes_read", "bytes_stored", "error_kinds", "errors", "fast_hits", "fast_time",
+                 "hit_time", "hits", "l1_hits", "miss_time", "misses", "stores")
 
     def __init__(self) -> None:
         self.hits = self.misses = self.l1_hits = self.errors = self.bytes_stored = 0
         self.fast_hits = 0
+        self.stores = self.bytes_read = 0  # backend traffic, for arrowstash.metrics
         self.hit_time = self.miss_time = self.fast_time = 0.0
         self.error_kinds: dict[str, int] = {}  # errors by kind (see arrowstash.logs)
 
@@ -220,6 +221,7 @@ class Core:
                 return MISSING
             self.error("corrupt_entry", "unreadable cache entry, recomputing", key, exc)
             return MISSING
+        self.stats.bytes_read += stored.data.nbytes
         if self.l1 is not None and not stored.mapped:
             self._l1_put(key.digest, value, entry.serializer, entry.meta, entry.sections,
                          entry.header.expires)
@@ -254,6 +256,7 @@ class Core:
         except BackendError as exc:
             self._failed("backend_write", "backend write failed", key, exc)
             return
+        self.stats.stores += 1
         if self.l1 is not None:
             self._l1_put(key.digest, value, encoded.serializer, encoded.meta, encoded.sections,
                          expires)

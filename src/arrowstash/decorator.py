@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, overload
 
+from arrowstash import metrics
 from arrowstash._core import DEFAULT, MISSING, UNREACHABLE, CacheInfo, Core
 from arrowstash.backends.base import Backend, Held
 from arrowstash.crypto import KeySpec
@@ -237,6 +238,7 @@ def cache(
         if not callable(f):
             raise TypeError(f"@cache needs a function, not {type(f).__qualname__}")
         core = Core(f, **options)  # type: ignore[arg-type]
+        metrics.track(core)
         if inspect.iscoroutinefunction(f):
             from arrowstash._async import AsyncCachedFunction  # asyncio only when needed
 
