@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from arrowstash.avro.codec import decode, decode_blocks
 from arrowstash.avro.from_arrow import from_arrow_schema
 from arrowstash.avro.schema import (
     Schema,
@@ -19,6 +20,8 @@ __all__ = [
     "Unframed",
     "add_header",
     "canonical_form",
+    "decode",
+    "decode_blocks",
     "fingerprint",
     "from_arrow_schema",
     "parse_schema",

@@ -1,0 +1,230 @@
+"""The decode plan: a schema compiled into a flat list of column nodes, one per Arrow array.
+
+Both decoders (pure Python in ``_decode.py``, C in ``_cdecode``) walk the same plan and fill the
+same buffers per node, in Arrow's own layouts; this module turns those buffers into Arrow arrays
+(no copy) and formats the decoders' error tuples, so the two paths agree to the byte and the
+message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from arrowstash.avro._arrow_map import arrow_type, is_nullable_union, union_child_name
+from arrowstash.avro.schema import (
+    Array,
+    AvroType,
+    Enum,
+    Fixed,
+    Map,
+    Primitive,
+    Record,
+    Schema,
+    Union,
+    describe,
+)
+
+__all__ = ["ERRORS", "Node", "Plan", "assemble", "compile_plan", "error_message"]
+
+# Node kinds (the C decoder uses the same numbers).
+NULL, BOOL, INT, LONG, FLOAT, DOUBLE, BYTES, STRING = range(8)
+FIXED, ENUM, UUID_STR, DEC_BYTES, DEC_FIXED, DURATION, RECORD, ARRAY, MAP, UNION = range(8, 18)
+
+# Error codes shared with the C decoder: code -> message template ({what}, {detail}).
+ERRORS = {
+    1: "truncated: {what} runs past the end of the data",
+    2: "varint longer than 64 bits in {what}",
+    3: "{detail} is out of range for int",
+    4: "union index {detail} out of range for {what}",
+    5: "negative length {detail} for {what}",
+    6: "invalid UTF-8 in {what}",
+    7: "{detail} trailing byte(s) after the datum",
+    8: "boolean byte {detail} is not 0 or 1",
+    9: "enum index {detail} out of range for {what}",
+    10: "invalid uuid text in {what} (expected the 36-character form)",
+    11: "decimal value does not fit {what}",
+    12: "duration field {detail} exceeds the int32 range",
+    13: "block count {detail} of {what} exceeds the bytes left",
+    14: "{what} holds more than 2 GiB in one batch",
+    15: "message is shorter than the 5-byte Confluent header",
+    16: "Confluent magic byte is {detail}, not 0",
+    17: "message is null",
+}
+
+
+@dataclass(frozen=True)
+class Node:
+    """One Arrow array of the output. ``param``: fixed size, enum symbol count, decimal width in
+    bytes, union branch count; ``size``: the fixed size of a fixed decimal."""
+
+    kind: int
+    null_branch: int  # -1, or the index of "null" in a ["null", T] / [T, "null"] union
+    param: int
+    size: int
+    children: tuple[int, ...]
+    type: Any  # the Arrow type of the finished array
+    path: str
+    what: str  # how errors name the value, e.g. "string at address.city"
+    min_size: int  # fewest bytes one value takes (bounds block counts against the bytes left)
+    symbols: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    schema: Schema
+    nodes: tuple[Node, ...]  # nodes[0] is the top-level record (synthesised for other types)
+
+    def tuples(self) -> list[tuple[int, int, int, int, int, tuple[int, ...]]]:
+        """The plan as plain tuples, the form the C decoder reads."""
+        return [(n.kind, n.null_branch, n.param, n.size, n.min_size, n.children)
+                for n in self.nodes]
+
+
+def compile_plan(schema: Schema) -> Plan:
+    arrow = schema.arrow_schema  # raises AvroSchemaError for recursive types
+    nodes: list[Node | None] = [None]
+    root = schema.root
+    if isinstance(root, Record):
+        children = tuple(_compile(f.type, f.name, nodes) for f in root.fields)
+    else:
+        children = (_compile(root, "value", nodes),)
+    min_size = sum(_node(nodes, c).min_size for c in children)
+    nodes[0] = Node(RECORD, -1, 0, 0, children, pa.struct(list(arrow)), "", "record", min_size)
+    return Plan(schema, tuple(n for n in nodes if n is not None))
+
+
+_SIMPLE = {"null": NULL, "boolean": BOOL, "int": INT, "long": LONG, "float": FLOAT,
+           "double": DOUBLE, "bytes": BYTES, "string": STRING}
+
+
+def _compile(t: AvroType, path: str, nodes: list[Node | None]) -> int:
+    index = len(nodes)
+    nodes.append(None)
+    null_branch = -1
+    if is_nullable_union(t):
+        assert isinstance(t, Union)
+        null_branch = t.null_index or 0
+        what_union = describe(t)
+        t = t.branches[1 - null_branch]
+    else:
+        what_union = ""
+    atype = arrow_type(t)
+    what = f"{describe(t)} at {path}" if path else describe(t)
+    if what_union:
+        what = f"{what_union} at {path}"
+    param = size = 0
+    children: tuple[int, ...] = ()
+    symbols: tuple[str, ...] = ()
+    if isinstance(t, Primitive):
+        lt = t.logical_type
+        if lt == "uuid":
+            kind = UUID_STR
+        elif lt == "decimal":
+            kind, param = DEC_BYTES, atype.byte_width
+        else:
+            kind = _SIMPLE[t.type]
+    elif isinstance(t, Fixed):
+        kind, param = FIXED, t.size
+        if t.logical_type == "decimal":
+            kind, param, size = DEC_FIXED, atype.byte_width, t.size
+        elif t.logical_type == "duration":
+            kind = DURATION
+    elif isinstance(t, Enum):
+        kind, param, symbols = ENUM, len(t.symbols), t.symbols
+    elif isinstance(t, Record):
+        kind = RECORD
+        children = tuple(_compile(f.type, _join(path, f.name), nodes) for f in t.fields)
+    elif isinstance(t, Array):
+        kind = ARRAY
+        children = (_compile(t.items, path + "[]", nodes),)
+    elif isinstance(t, Map):
+        kind = MAP
+        key = len(nodes)
+        key_what = f"map key at {path}"
+        nodes.append(Node(STRING, -1, 0, 0, (), pa.string(), path + "{key}", key_what, 1))
+        children = (key, _compile(t.values, path + "{}", nodes))
+    else:
+        kind, param = UNION, len(t.branches)
+        children = tuple(
+            _compile(b, f"{path}<{union_child_name(b)}>", nodes) for b in t.branches
+        )
+    if null_branch >= 0 or kind not in _MIN_SIZES:
+        min_size = 1
+    elif kind == RECORD:
+        min_size = sum(_node(nodes, c).min_size for c in children)
+    elif kind in (FIXED, DEC_FIXED):
+        min_size = param if kind == FIXED else size
+    else:
+        min_size = _MIN_SIZES[kind]
+    nodes[index] = Node(kind, null_branch, param, size, children, atype, path, what, min_size,
+                        symbols)
+    return index
+
+
+# Bytes the smallest value of a kind takes; kinds not listed (varint-led) take at least one.
+_MIN_SIZES = {NULL: 0, FLOAT: 4, DOUBLE: 8, FIXED: 0, DEC_FIXED: 0, DURATION: 12, RECORD: 0}
+
+
+def _node(nodes: list[Node | None], i: int) -> Node:
+    n = nodes[i]
+    assert n is not None
+    return n
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def error_message(
+    plan: Plan, code: int, segment: int, datum: int, offset: int, node: int, detail: int,
+    blocks: bool,
+) -> str:
+    """The text of an AvroDecodeError from a decoder's error tuple."""
+    where = (
+        f"block {segment}, datum {datum} at byte {offset}" if blocks
+        else f"message {segment} at byte {offset}"
+    )
+    n = plan.nodes[node]
+    text = ERRORS[code].format(what=n.what, detail=detail)
+    if code == 3 or code == 8 or code == 12:
+        text += f" at {n.path}" if n.path else ""
+    return f"{where}: {text}"
+
+
+def assemble(plan: Plan, columns: Sequence[tuple[int, int, list[Any]]]) -> pa.RecordBatch:
+    """The record batch from per-node ``(length, null_count, buffers)`` in Arrow's layouts."""
+    root = plan.nodes[0]
+    arrays = [_array(plan, columns, i) for i in root.children]
+    return pa.RecordBatch.from_arrays(arrays, schema=plan.schema.arrow_schema)
+
+
+def _buf(b: Any) -> Any:
+    return b if b is None or isinstance(b, pa.Buffer) else pa.py_buffer(b)
+
+
+def _array(plan: Plan, columns: Sequence[tuple[int, int, list[Any]]], i: int) -> pa.Array:
+    node = plan.nodes[i]
+    length, nulls, raw = columns[i]
+    bufs = [_buf(b) for b in raw]
+    kind, t = node.kind, node.type
+    if kind == NULL:
+        return pa.nulls(length)
+    children = [_array(plan, columns, c) for c in node.children]
+    if kind == ENUM:
+        indices = pa.Array.from_buffers(pa.int32(), length, bufs, nulls)
+        return pa.DictionaryArray.from_arrays(indices, pa.array(node.symbols, pa.string()))
+    if kind == MAP:
+        entries_type = pa.struct([t.key_field, t.item_field])
+        entries = pa.Array.from_buffers(entries_type, len(children[0]), [None], 0,
+                                        children=children)
+        return pa.Array.from_buffers(t, length, bufs, nulls, children=[entries])
+    if isinstance(t, pa.ExtensionType):  # uuid
+        storage = pa.Array.from_buffers(t.storage_type, length, bufs, nulls)
+        return pa.ExtensionArray.from_storage(t, storage)
+    if children:
+        return pa.Array.from_buffers(t, length, bufs, nulls, children=children)
+    return pa.Array.from_buffers(t, length, bufs, nulls)

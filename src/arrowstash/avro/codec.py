@@ -1,0 +1,182 @@
+"""Decode Avro datums straight into one Arrow record batch.
+
+``decode`` takes one datum per message (Kafka and the like), ``decode_blocks`` several datums back
+to back per block (an Object Container File's blocks after decompression). Both run the native
+decoder (``arrowstash.avro._cdecode``: no Python object per value, GIL released, messages split
+across threads) when it is built, else the pure-Python one; both give the same batches and the
+same errors. ``ARROWSTASH_AVRO_NATIVE=0`` forces the pure-Python decoder.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import itertools
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from arrowstash.avro import _plan
+from arrowstash.avro._decode import DecodeFailure, decode_segments
+from arrowstash.avro.schema import Schema, SchemaLike, parse_schema
+from arrowstash.errors import AvroDecodeError
+
+__all__ = ["decode", "decode_blocks", "native_available"]
+
+try:  # the compiled decoder; absent where the package was installed without a compiler
+    from arrowstash.avro import _cdecode  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - depends on the build
+    _cdecode = None
+
+
+def native_available() -> bool:
+    """Whether the C decoder is built and not disabled by ``ARROWSTASH_AVRO_NATIVE=0``."""
+    return _cdecode is not None and os.environ.get("ARROWSTASH_AVRO_NATIVE", "1") != "0"
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(schema: Schema) -> _plan.Plan:
+    return _plan.compile_plan(schema)
+
+
+def decode(
+    messages: Any,
+    schema: SchemaLike,
+    *,
+    threads: int | None = None,
+    confluent: bool = False,
+    schema_id_column: str | None = None,
+    reader_schema: SchemaLike | None = None,
+    validate_utf8: bool = True,
+) -> pa.RecordBatch:
+    """Decode one Avro datum per message into one record batch (one row per message).
+
+    ``messages``: a sequence of bytes-like objects, a ``pyarrow`` ``BinaryArray`` or
+    ``LargeBinaryArray`` (read in place over its buffers; a null message is an error), or a
+    ``(buffer, offsets)`` pair where message ``i`` is ``buffer[offsets[i]:offsets[i + 1]]``.
+    ``confluent=True`` checks and strips the Confluent header (magic byte 0 + 4-byte schema id);
+    ``schema_id_column`` then names an extra int32 column holding each message's schema id.
+    ``reader_schema`` resolves the decoded batch to that schema (the specification's schema
+    resolution). Every message must hold exactly one datum: trailing bytes are an error.
+    ``threads=None`` uses the usable cores. Raises AvroDecodeError naming the message index and
+    byte offset of the first bad message.
+    """
+    if schema_id_column is not None and not confluent:
+        raise ValueError("schema_id_column needs confluent=True (the ids are in the header)")
+    writer = parse_schema(schema)
+    batch, ids = decode_messages(
+        messages, writer, threads=threads, confluent=confluent, validate_utf8=validate_utf8
+    )
+    if reader_schema is not None:
+        # schema resolution lives in arrowstash.avro.resolve (imported on first use)
+        resolve = importlib.import_module("arrowstash.avro.resolve").resolve
+        batch = resolve(batch, writer, reader_schema)
+    if schema_id_column is not None:
+        if schema_id_column in batch.schema.names:
+            raise ValueError(f"schema_id_column {schema_id_column!r} is already a column")
+        batch = batch.append_column(pa.field(schema_id_column, pa.int32(), nullable=False), ids)
+    return batch
+
+
+def decode_blocks(
+    blocks: Sequence[tuple[Any, int]],
+    schema: SchemaLike,
+    *,
+    threads: int | None = None,
+    validate_utf8: bool = True,
+) -> pa.RecordBatch:
+    """Decode blocks of ``count`` datums written back to back (``(buffer, count)`` pairs) into
+    one record batch, rows in block order. Each block must be consumed exactly."""
+    plan = _compiled(parse_schema(schema))
+    segments = [(b, int(n)) for b, n in blocks]
+    if any(n < 0 for _, n in segments):
+        raise ValueError("block counts must not be negative")
+    columns, _ = _run(plan, segments, _threads(threads), validate_utf8, False, True, None)
+    return _plan.assemble(plan, columns)
+
+
+def decode_messages(
+    messages: Any,
+    schema: Schema,
+    *,
+    threads: int | None = None,
+    confluent: bool = False,
+    validate_utf8: bool = True,
+    native: bool | None = None,
+) -> tuple[pa.RecordBatch, pa.Array]:
+    """``decode`` without resolution: the writer's batch and the Confluent ids (int32, empty
+    without ``confluent``). ``native=False`` forces the pure-Python decoder (tests compare)."""
+    plan = _compiled(schema)
+    segments = _segments(messages)
+    columns, ids = _run(plan, segments, _threads(threads), validate_utf8, confluent, False, native)
+    return _plan.assemble(plan, columns), pa.array(ids, pa.int32())
+
+
+def _threads(threads: int | None) -> int:
+    if threads is None:
+        try:
+            return len(os.sched_getaffinity(0))
+        except AttributeError:  # pragma: no cover - not Linux
+            return os.cpu_count() or 1
+    if not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive int or None, not {threads!r}")
+    return threads
+
+
+def _segments(messages: Any) -> list[tuple[Any, int]]:
+    """One ``(bytes-like or None, 1)`` per message, views into the caller's memory."""
+    if isinstance(messages, pa.ChunkedArray):
+        return [s for chunk in messages.chunks for s in _segments(chunk)]
+    if isinstance(messages, pa.Array):
+        if not (pa.types.is_binary(messages.type) or pa.types.is_large_binary(messages.type)):
+            raise TypeError(f"messages must be a binary array, not {messages.type}")
+        return _array_segments(messages)
+    if isinstance(messages, tuple) and len(messages) == 2 and not _bytes_like(messages[1]):
+        buffer, offsets = messages
+        view = memoryview(buffer).cast("B")
+        offs = offsets.to_pylist() if isinstance(offsets, pa.Array) else list(offsets)
+        pairs = list(itertools.pairwise(offs))
+        if any(b < a for a, b in pairs) or (offs and (offs[0] < 0 or offs[-1] > len(view))):
+            raise ValueError("offsets must rise monotonically within the buffer")
+        return [(view[a:b], 1) for a, b in pairs]
+    if isinstance(messages, (bytes, bytearray, memoryview, str)):
+        raise TypeError("messages must be a sequence of messages, not one bytes object")
+    return [(m, 1) for m in messages]
+
+
+def _bytes_like(x: Any) -> bool:
+    return isinstance(x, (bytes, bytearray, memoryview, pa.Buffer))
+
+
+def _array_segments(array: pa.Array) -> list[tuple[Any, int]]:
+    validity, offsets_buf, data = array.buffers()
+    n, first = len(array), array.offset
+    raw = memoryview(offsets_buf).cast("B")
+    offsets = raw.cast("q") if pa.types.is_large_binary(array.type) else raw.cast("i")
+    offsets = offsets[first : first + n + 1]
+    view = memoryview(data if data is not None else b"").cast("B")
+    valid = array.is_valid().to_pylist() if validity is not None and array.null_count else None
+    return [
+        (view[offsets[i] : offsets[i + 1]] if valid is None or valid[i] else None, 1)
+        for i in range(n)
+    ]
+
+
+def _run(
+    plan: _plan.Plan,
+    segments: list[tuple[Any, int]],
+    threads: int,
+    validate_utf8: bool,
+    confluent: bool,
+    blocks: bool,
+    native: bool | None,
+) -> tuple[list[tuple[int, int, list[Any]]], list[int]]:
+    try:
+        return decode_segments(plan, segments, validate_utf8=validate_utf8, confluent=confluent)
+    except DecodeFailure as exc:
+        message = _plan.error_message(
+            plan, exc.code, exc.segment, exc.datum, exc.offset, exc.node, exc.detail, blocks
+        )
+        raise AvroDecodeError(message) from None
