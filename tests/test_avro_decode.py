@@ -274,6 +274,9 @@ STR_REC = {"type": "record", "name": "R", "fields": [
         ({"type": "record", "name": "R", "fields": [{"name": "d", "type": {
             "type": "bytes", "logicalType": "decimal", "precision": 4}}]},
          b"\x22\x01" + bytes(16), r"at byte 0: decimal value does not fit bytes/decimal at d"),
+        ({"type": "record", "name": "R", "fields": [{"name": "d", "type": {  # 10000: 5 digits
+            "type": "bytes", "logicalType": "decimal", "precision": 4}}]},
+         b"\x04\x27\x10", r"at byte 0: decimal value does not fit bytes/decimal at d"),
         ({"type": "record", "name": "R", "fields": [{"name": "d", "type": {
             "type": "fixed", "name": "D", "size": 12, "logicalType": "duration"}}]},
          b"\xff\xff\xff\xff" + bytes(8), r"at byte 0: duration field 4294967295 exceeds"),

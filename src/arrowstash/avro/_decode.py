@@ -200,7 +200,7 @@ class _Builder:
                 millis = int.from_bytes(raw[8:12], "little")
                 raw = raw[0:8] + (millis * 1_000_000).to_bytes(8, "little")
             elif kind == P.DEC_FIXED:
-                raw = _decimal(raw, node.param, pos, i)
+                raw = _decimal(raw, node, pos, i)
             data.extend(raw)
             col.length += 1
             return end
@@ -230,7 +230,7 @@ class _Builder:
                     raise DecodeFailure(10, pos, i)
                 data.extend(bytes.fromhex(raw.decode().replace("-", "")))
             elif kind == P.DEC_BYTES:
-                data.extend(_decimal(raw, node.param, pos, i))
+                data.extend(_decimal(raw, node, pos, i))
             else:
                 if check_utf8:
                     try:
@@ -359,12 +359,11 @@ class _Builder:
         return out
 
 
-def _decimal(raw: bytes, width: int, pos: int, node: int) -> bytes:
+def _decimal(raw: bytes, node: P.Node, pos: int, i: int) -> bytes:
     value = int.from_bytes(raw, "big", signed=True) if raw else 0
-    try:
-        return value.to_bytes(width, "little", signed=True)
-    except OverflowError:
-        raise DecodeFailure(11, pos, node) from None
+    if abs(value) >= 10**node.precision:
+        raise DecodeFailure(11, pos, i)
+    return value.to_bytes(node.param, "little", signed=True)
 
 
 def _bitmap(flags: bytearray) -> Any:

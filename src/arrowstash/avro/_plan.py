@@ -71,6 +71,7 @@ class Node:
     what: str  # how errors name the value, e.g. "string at address.city"
     min_size: int  # fewest bytes one value takes (bounds block counts against the bytes left)
     symbols: tuple[str, ...] = ()
+    precision: int = 0  # decimals: values of more digits are errors, not wrong data
 
 
 @dataclass(frozen=True)
@@ -78,10 +79,14 @@ class Plan:
     schema: Schema
     nodes: tuple[Node, ...]  # nodes[0] is the top-level record (synthesised for other types)
 
-    def tuples(self) -> list[tuple[int, int, int, int, int, tuple[int, ...]]]:
-        """The plan as plain tuples, the form the C decoder reads."""
-        return [(n.kind, n.null_branch, n.param, n.size, n.min_size, n.children)
-                for n in self.nodes]
+    def tuples(self) -> list[tuple[int, int, int, int, int, tuple[int, ...], bytes]]:
+        """The plan as plain tuples, the form the C decoder reads; the last item is a decimal's
+        bound, 10 ** precision as ``param`` bytes little-endian."""
+        return [
+            (n.kind, n.null_branch, n.param, n.size, n.min_size, n.children,
+             (10**n.precision).to_bytes(n.param, "little") if n.precision else b"")
+            for n in self.nodes
+        ]
 
 
 def compile_plan(schema: Schema) -> Plan:
@@ -119,18 +124,20 @@ def _compile(t: AvroType, path: str, nodes: list[Node | None]) -> int:
     param = size = 0
     children: tuple[int, ...] = ()
     symbols: tuple[str, ...] = ()
+    precision = 0
     if isinstance(t, Primitive):
         lt = t.logical_type
         if lt == "uuid":
             kind = UUID_STR
         elif lt == "decimal":
-            kind, param = DEC_BYTES, atype.byte_width
+            kind, param, precision = DEC_BYTES, atype.byte_width, atype.precision
         else:
             kind = _SIMPLE[t.type]
     elif isinstance(t, Fixed):
         kind, param = FIXED, t.size
         if t.logical_type == "decimal":
             kind, param, size = DEC_FIXED, atype.byte_width, t.size
+            precision = atype.precision
         elif t.logical_type == "duration":
             kind = DURATION
     elif isinstance(t, Enum):
@@ -161,7 +168,7 @@ def _compile(t: AvroType, path: str, nodes: list[Node | None]) -> int:
     else:
         min_size = _MIN_SIZES[kind]
     nodes[index] = Node(kind, null_branch, param, size, children, atype, path, what, min_size,
-                        symbols)
+                        symbols, precision)
     return index
 
 

@@ -25,8 +25,9 @@ from arrowstash.errors import AvroDecodeError
 
 __all__ = ["decode", "decode_blocks", "native_available"]
 
+_cdecode: Any
 try:  # the compiled decoder; absent where the package was installed without a compiler
-    from arrowstash.avro import _cdecode  # type: ignore[attr-defined]
+    _cdecode = importlib.import_module("arrowstash.avro._cdecode")
 except ImportError:  # pragma: no cover - depends on the build
     _cdecode = None
 
