@@ -800,9 +800,9 @@ def delay_pivot(flights: pd.DataFrame) -> pd.DataFrame:
 #: a size may drift by 10% (codec or metadata changes) before the test asks for a new figure.
 RECORDED_SIZES = {
     ("flights", None): 62_682_269,
-    ("flights", "zstd"): 8_789_149,
+    ("flights", "zstd"): 5_832_897,
     ("lax-by-tail", None): 3_581_341,
-    ("lax-by-tail", "zstd"): 455_837,
+    ("lax-by-tail", "zstd"): 288_478,
     ("groupby", None): 4_591,
     ("groupby", "zstd"): 3_759,
     ("pivot", None): 5_134,

@@ -167,7 +167,7 @@ def _is_na(value: Any) -> bool:
 
 
 def to_pandas(table: pa.Table, meta: dict[str, Any], sections: Sequence[memoryview]) -> Any:
-    table, owned = _join_numeric_chunks(table)
+    table, owned = _owned_arrays(table, sections)
     df = _writable_frame(table.to_pandas(split_blocks=True), sections, owned)
     return _restore_pandas(df, meta) if meta else df
 
@@ -204,22 +204,37 @@ def _restore_pandas(df: Any, meta: dict[str, Any]) -> Any:
     return df
 
 
-def _join_numeric_chunks(table: pa.Table) -> tuple[pa.Table, dict[int, Any]]:
-    """Concatenate multi-chunk integer and float columns with NumPy (pyarrow's own pandas
-    conversion does it far more slowly on a cold process) into arrays this result owns."""
+def _owned_arrays(table: pa.Table, sections: Sequence[memoryview]
+                  ) -> tuple[pa.Table, dict[int, Any]]:
+    """Memory only this result will use, by address: multi-chunk integer and float columns
+    joined with NumPy (pyarrow's own pandas conversion does it far more slowly on a cold
+    process), and the data buffers Arrow allocated for this read (decompressed, or cast back
+    from a packed type) rather than pointing into the entry's ``sections``."""
     import numpy as np
 
+    spans = []
+    for section in sections:
+        base = pa.py_buffer(section).address
+        spans.append((base, base + section.nbytes))
     owned: dict[int, Any] = {}
     columns = []
     for column in table.columns:
         t = column.type
-        if column.num_chunks > 1 and not column.null_count and \
-                (pa.types.is_integer(t) or pa.types.is_floating(t)):
+        numeric = pa.types.is_integer(t) or pa.types.is_floating(t)
+        if column.num_chunks > 1 and not column.null_count and numeric:
             joined = np.concatenate([chunk.to_numpy() for chunk in column.chunks])
             owned[joined.__array_interface__["data"][0]] = joined
             column = pa.chunked_array([pa.array(joined, type=t)])
+        elif column.num_chunks == 1 and not column.null_count and (
+                numeric or pa.types.is_temporal(t)) and t.bit_width % 8 == 0:
+            chunk = column.chunk(0)
+            data = chunk.buffers()[1]
+            if data is not None and data.is_mutable and not any(
+                    start <= data.address < end for start, end in spans):
+                owned[data.address + chunk.offset * t.bit_width // 8] = data
         columns.append(column)
-    return (pa.Table.from_arrays(columns, schema=table.schema) if owned else table), owned
+    joined_any = any(not isinstance(v, pa.Buffer) for v in owned.values())
+    return (pa.Table.from_arrays(columns, schema=table.schema) if joined_any else table), owned
 
 
 def _writable_frame(df: Any, sections: Sequence[memoryview], owned: dict[int, Any]) -> Any:
@@ -227,8 +242,8 @@ def _writable_frame(df: Any, sections: Sequence[memoryview], owned: dict[int, An
 
     pyarrow hands out read-only NumPy views of its buffers. When the entry is a private
     (copy-on-write) memory map, a writable view of the same pages costs nothing and writes land
-    in pages private to this result, never in the file or another hit's result. Arrays this
-    result already ``owned`` are used as they are; other read-only columns are copied, so a hit
+    in pages private to this result, never in the file or another hit's result. Memory this
+    result ``owned`` is viewed writable as it is; other read-only columns are copied, so a hit
     is an ordinary frame either way.
     """
     import numpy as np
@@ -249,7 +264,11 @@ def _writable_frame(df: Any, sections: Sequence[memoryview], owned: dict[int, An
             mine = owned.get(address)
             inside = [(base, section) for base, end, section in ranges
                       if base <= address and address + array.nbytes <= end]
-            if mine is not None and mine.dtype == array.dtype and mine.size == array.size:
+            if isinstance(mine, pa.Buffer) and array.flags.c_contiguous and \
+                    address + array.nbytes <= mine.address + mine.size:
+                values = np.frombuffer(mine, array.dtype, array.size, address - mine.address)
+            elif mine is not None and not isinstance(mine, pa.Buffer) and \
+                    mine.dtype == array.dtype and mine.size == array.size:
                 values = mine
             elif array.flags.c_contiguous and inside:
                 base, section = inside[0]

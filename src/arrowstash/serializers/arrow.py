@@ -18,6 +18,8 @@ from arrowstash import config
 from arrowstash.entry import FLAG_COMPRESSED, Encoded
 from arrowstash.errors import CorruptEntryError, SerializationError
 from arrowstash.serializers._batches import Source, label_codec, rebatch
+from arrowstash.serializers._groups import group_sections, size_groups
+from arrowstash.serializers._packing import MIN_TABLE_BYTES, unpack
 from arrowstash.serializers._pandas import from_pandas, to_pandas
 
 RETURN_FORMATS = ("auto", "pandas", "polars", "arrow")
@@ -75,32 +77,43 @@ class ArrowSerializer:
     def encode(self, value: Any) -> Encoded:
         codec = self._codec
         source = _source(value, self.batch_bytes, split=codec is not None)
-        options = pa.ipc.IpcWriteOptions(
-            compression=pa.Codec(codec, self.compression_level) if codec else None,
-            use_threads=True,
-        )
+        options = self._options(codec)
         meta = {"kind": source.kind, **source.meta}
         flags = FLAG_COMPRESSED if codec else 0
-        if codec is None and source.whole is not None:
-            table = source.whole()
+        table = source.whole() if source.whole is not None else None
+        if table is not None and codec is None:
+            # Columns chunked differently (pandas 3 strings from read_csv or concat, say) would
+            # force every column into the same batches, and a hit to join numeric chunks
+            # again. Each chunk layout gets its own stream, after one holding the schema.
             groups = _layout_groups(table)
             if len(groups) > 1:
-                # Columns chunked differently (pandas 3 strings from read_csv or concat, say)
-                # would force every column into the same batches, and a hit to join numeric
-                # chunks again. Each chunk layout gets its own stream instead, after a stream
-                # holding only the full schema.
                 meta["groups"] = groups
                 sections = [_stream(table.schema, list, options)]
                 for group in groups:
                     part = table.select(group).replace_schema_metadata(None)
                     sections.append(_stream(part.schema, part.to_batches, options))
                 return Encoded(self.name, meta, sections, flags)
+        elif table is not None and table.nbytes >= MIN_TABLE_BYTES:
+            # compressed: columns packed, in groups compressed by worker threads (_groups)
+            groups = size_groups(table, self.batch_bytes)
+            meta["groups"] = groups
+            sections = group_sections(table, groups, self.batch_bytes, options.compression)
+            return Encoded(self.name, meta, sections, flags)
         return Encoded(self.name, meta, [_stream(source.schema, source.batches, options)], flags)
 
+    def _options(self, codec: str | None) -> pa.ipc.IpcWriteOptions:
+        return pa.ipc.IpcWriteOptions(
+            compression=pa.Codec(codec, self.compression_level) if codec else None,
+            use_threads=True,
+        )
+
     def serialize(self, value: Any) -> bytes:
-        """The value's Arrow IPC stream as bytes (for use outside a cache)."""
+        """The value's Arrow IPC stream as bytes (for use outside a cache): one stream, its
+        columns in their own types."""
+        codec = self._codec
+        source = _source(value, self.batch_bytes, split=codec is not None)
         sink = pa.BufferOutputStream()
-        self.encode(value).sections[0](sink)
+        _stream(source.schema, source.batches, self._options(codec))(sink)
         return bytes(sink.getvalue())
 
     # -- decode -----------------------------------------------------------------------------
@@ -166,7 +179,7 @@ def _read_table(meta: dict[str, Any], sections: Sequence[memoryview]) -> pa.Tabl
     for group, section in zip(meta["groups"], sections[1:], strict=True):
         part = pa.ipc.open_stream(pa.py_buffer(section)).read_all()
         for j, position in enumerate(group):
-            columns[position] = part.column(j)
+            columns[position] = unpack(part.column(j), schema.field(position).type)
     return pa.Table.from_arrays(columns, schema=schema)
 
 

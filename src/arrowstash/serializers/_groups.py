@@ -1,0 +1,118 @@
+"""Compressed frames as groups of columns, packed and compressed in worker threads.
+
+A compressed table is written as consecutive groups of columns of about ``batch_bytes`` each,
+one IPC stream (section) per group, so a hit gets one chunk per column and nothing to join.
+Packing (see _packing) and compressing a group is independent of the others, so worker threads
+work on the next groups while the writer writes the current one: on two cores a store costs
+about half its CPU time. Only a few groups are in flight at once, which bounds the memory a
+store needs beyond the frame. A column larger than ``batch_bytes`` is a group of its own,
+streamed in slices by the writer (Arrow compresses each slice's buffers in parallel).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import pyarrow as pa
+
+from arrowstash.serializers._batches import rebatch
+from arrowstash.serializers._packing import pack_whole, packer
+
+Section = Callable[[Any], None]
+
+#: Groups packed and compressed ahead of the one being written.
+AHEAD = 2
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _workers() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(min(4, os.cpu_count() or 2),
+                                       thread_name_prefix="arrowstash-pack")
+        return _pool
+
+
+def size_groups(table: pa.Table, batch_bytes: int) -> list[list[int]]:
+    """Consecutive column positions in groups of at most ``batch_bytes`` (a larger column is a
+    group of its own)."""
+    groups: list[list[int]] = [[]]
+    size = 0
+    for position, column in enumerate(table.columns):
+        if groups[-1] and size + column.nbytes > batch_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(position)
+        size += column.nbytes
+    return groups
+
+
+def write_stream(schema: pa.Schema, batches: Any, sink: Any,
+                 options: pa.ipc.IpcWriteOptions) -> None:
+    with pa.ipc.new_stream(sink, schema, options=options) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+
+
+def group_sections(table: pa.Table, groups: list[list[int]], batch_bytes: int,
+                   codec: pa.Codec) -> list[Section]:
+    """Section writers: a stream holding only ``table``'s schema (writing it starts the
+    workers), then one per group of columns."""
+    parts = [table.select(g).replace_schema_metadata(None) for g in groups]
+    whole = [p.num_columns > 1 or p.nbytes <= batch_bytes * 1.5 for p in parts]
+    # in the workers, one thread per group; with one group, Arrow's threads per buffer
+    own = pa.ipc.IpcWriteOptions(compression=codec, use_threads=sum(whole) < 2)
+    futures: dict[int, Future[pa.Buffer]] = {}
+
+    def start(upto: int) -> None:
+        for k in range(min(upto, len(parts))):
+            if whole[k] and k not in futures:
+                futures[k] = _workers().submit(_pack_and_compress, parts[k], own)
+
+    def section(k: int) -> Section:
+        def write(sink: Any) -> None:
+            start(k + 1 + AHEAD)
+            if whole[k]:
+                sink.write(futures.pop(k).result())
+            else:
+                _write_sliced(parts[k], batch_bytes, sink, codec)
+
+        return write
+
+    def schema(sink: Any) -> None:
+        start(AHEAD)
+        write_stream(table.schema, [], sink, own)
+
+    return [schema, *(section(k) for k in range(len(parts)))]
+
+
+def _pack_and_compress(part: pa.Table, options: pa.ipc.IpcWriteOptions) -> pa.Buffer:
+    # one batch: a column's chunks are joined (strings from read_csv come in several)
+    packed = pa.table([pack_whole(c) for c in part.columns], names=part.column_names)
+    sink = pa.BufferOutputStream()
+    write_stream(packed.schema, packed.combine_chunks().to_batches(), sink, options)
+    del packed
+    # hand this thread's freed pages back (mimalloc keeps them per thread otherwise, and a
+    # store's peak memory would grow with every group)
+    pa.default_memory_pool().release_unused()
+    return sink.getvalue()
+
+
+def _write_sliced(part: pa.Table, batch_bytes: int, sink: Any, codec: pa.Codec) -> None:
+    options = pa.ipc.IpcWriteOptions(compression=codec, use_threads=True)
+    column = part.column(0)
+    found = packer(column)
+    slices = rebatch(iter(part.to_batches()), batch_bytes)
+    if found is None:
+        return write_stream(part.schema, slices, sink, options)
+    schema = pa.schema([pa.field(part.column_names[0], found[0])])
+    write_stream(schema, (pa.record_batch([found[1](batch.column(0))], schema=schema)
+                          for batch in slices), sink, options)
+    return None

