@@ -129,11 +129,11 @@ def rebuild(parts: Parts) -> bytes:
 
 
 def chunks(section: bytes) -> list[bytes]:
-    """The frames of an encrypted section (docs/encryption.md): chunks, then the terminator."""
+    """The chunks of an encrypted section (docs/format.md), each with its frame header."""
     frames, at = [], 0
     while at < len(section):
-        (length,) = struct.unpack_from("<I", section, at)
-        size = 4 + 12 + length + 16
+        (word,) = struct.unpack_from("<I", section, at)
+        size = 4 + 12 + (word & 0x7FFFFFFF) + 16
         frames.append(section[at : at + size])
         at += size
     return frames
@@ -216,11 +216,18 @@ def test_flights_frame_round_trip(store: RawStore) -> None:
 def test_multi_chunk_section_round_trip(store: RawStore) -> None:
     big = np.random.default_rng(1).random((3 * CHUNK) // 8 + 1000)
     runs: list[int] = []
-    fetch = make(store.backend, {1: big}, runs, encryption_key=KEY_A)
+    fetch = make(store.backend, {1: big, 2: {"a": 1}}, runs, encryption_key=KEY_A)
     fetch(1)
     assert np.array_equal(fetch(1), big) and runs == [1]
     data = take_apart(store.read(fetch.cache_key(1)))
-    assert len(chunks(data.sections[-1])) == 5  # four chunks and the terminator
+    frames = chunks(data.sections[-1])
+    # three full chunks and the rest, sealed as written; the empty last chunk ends the section
+    assert [len(f) - 32 for f in frames] == [CHUNK, CHUNK, CHUNK, 8000, 0]
+    assert [f[3] >> 7 for f in frames] == [0, 0, 0, 0, 1]
+    assert [len(chunks(s)) for s in data.sections] == [1, 1, 5]  # metadata, tree, array
+    fetch(2)  # a small value: every section is one (last) chunk
+    small = take_apart(store.read(fetch.cache_key(2)))
+    assert [len(chunks(s)) for s in small.sections] == [1, 1]
 
 
 def test_pickled_values_need_no_secret_when_encrypted(redis_backend: Any) -> None:
@@ -317,10 +324,14 @@ def test_plaintext_and_ciphertext_do_not_mix(store: RawStore,
 # -- attacks on the stored entry ------------------------------------------------------------------
 
 
+AUTH = "fails authentication"  # the cipher's verdict, as opposed to the format's own checks
+
+
 def _attack(store: RawStore, caplog: pytest.LogCaptureFixture, value: Any,
-            change: Callable[[Parts], Any]) -> None:
+            change: Callable[[Parts], Any], reason: str = AUTH) -> None:
     """Store ``value`` encrypted, rewrite its entry with ``change``, and check the next call is a
-    logged miss that recomputes (never wrong data), then that the rewritten entry was replaced."""
+    miss, logged with ``reason``, that recomputes (never wrong data), then that the rewritten
+    entry was replaced."""
     runs: list[int] = []
     fetch = make(store.backend, {1: value, 2: "other"}, runs, encryption_key=KEY_A)
     fetch(1)
@@ -334,7 +345,7 @@ def _attack(store: RawStore, caplog: pytest.LogCaptureFixture, value: Any,
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         assert equal(fetch(1), value)
     assert runs == [1, 1], "the attacked entry was read"
-    assert warned(caplog, "unreadable cache entry")
+    assert warned(caplog, "unreadable cache entry") and warned(caplog, reason)
     assert fetch.cache_info().errors == 1
     assert equal(fetch(1), value) and runs == [1, 1]
 
@@ -376,7 +387,9 @@ def test_tampered_header_or_trailer(store: RawStore, caplog: pytest.LogCaptureFi
         else:
             parts.trailer["meta"] = {"planted": True}
 
-    _attack(store, caplog, VALUES["plain"](), change)
+    reason = {"namespace": "another key", "function": "another key",
+              "meta": "plaintext metadata"}.get(field, AUTH)
+    _attack(store, caplog, VALUES["plain"](), change, reason)
 
 
 def test_reordered_sections(store: RawStore, caplog: pytest.LogCaptureFixture) -> None:
@@ -395,21 +408,25 @@ def test_reordered_chunks(store: RawStore, caplog: pytest.LogCaptureFixture) -> 
     _attack(store, caplog, np.arange((2 * CHUNK) // 8 + 100, dtype=np.int64), change)
 
 
-@pytest.mark.parametrize("how", ["bytes", "last-section", "last-chunk", "middle-chunk",
-                                 "terminator"])
+@pytest.mark.parametrize("how", ["bytes", "last-section", "last-chunk", "chunk-before-last",
+                                 "middle-chunk", "cut-and-flag"])
 def test_truncated_entry(store: RawStore, caplog: pytest.LogCaptureFixture, how: str) -> None:
     def change(parts: Parts) -> None:
         if how == "last-section":
             del parts.sections[-1]
             return
         frames = chunks(parts.sections[-1])
-        drop = {"last-chunk": -2, "middle-chunk": 1, "terminator": -1}[how]
-        del frames[drop]
+        if how == "cut-and-flag":  # keep two chunks and flag the second as the last
+            second = bytearray(frames[1])
+            second[3] |= 0x80
+            frames = [frames[0], bytes(second)]
+        else:
+            del frames[{"last-chunk": -1, "chunk-before-last": -2, "middle-chunk": 1}[how]]
         parts.sections[-1] = b"".join(frames)
 
     value = np.arange((3 * CHUNK) // 8 + 100, dtype=np.int64)
     if how != "bytes":
-        _attack(store, caplog, value, change)
+        _attack(store, caplog, value, change, "is truncated" if how == "last-chunk" else AUTH)
         return
     runs: list[int] = []
     fetch = make(store.backend, {1: value}, runs, encryption_key=KEY_A)

@@ -1,16 +1,16 @@
 """AES-256-GCM encryption of entry sections, with key rotation (see docs/encryption.md).
 
 Every section of an encrypted entry is a run of chunks, each sealed on its own with a fresh random
-96-bit nonce, and closed by an empty terminator chunk that authenticates the section's length:
+96-bit nonce; the last one is flagged, so a section cut short is detected:
 
-    chunk:      u32 length | 12-byte nonce | ciphertext (length bytes) | 16-byte tag
-    terminator: u32 0      | 12-byte nonce | 16-byte tag
+    chunk: u32 (length | last << 31) | 12-byte nonce | ciphertext (length bytes) | 16-byte tag
 
 The associated data of every chunk binds the entry's identity (namespace, function, key digest,
 serializer, flags, created, expires, section count, key id) and the chunk's place (section index,
-chunk index, length, terminator or not), so a chunk that is altered, moved, reordered, dropped or
-replayed under another key fails to authenticate. Sections are written chunk by chunk and
-decrypted straight into one buffer per section: encrypting never holds a second copy of a value.
+chunk index, offset in the section, length, last or not), so a chunk that is altered, moved,
+reordered, dropped or replayed under another key fails to authenticate. Sections are written
+chunk by chunk and decrypted straight into one buffer per section: encrypting never holds a
+second copy of a value.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ _MAX_CHUNK = 64 << 20  # what a reader accepts: a bound on a forged length field
 NONCE = 12
 TAG = 16
 _FRAME = struct.Struct("<I")
-_PLACE = struct.Struct("<IIQB")  # section index, chunk index, length (total if last), last
+_LAST = 1 << 31  # the frame's flag of a section's last chunk
+_PLACE = struct.Struct("<IIQQB")  # section index, chunk index, offset, length, last
 _CONTEXT = b"arrowstash aes-256-gcm v1\0"
 #: Sections at least this large decrypt into Arrow-allocated memory (64-byte aligned, not
 #: zero-filled first); smaller ones into a bytearray.
@@ -47,12 +48,6 @@ def _aesgcm() -> Any:
     except ImportError as exc:
         raise ImportError(_INSTALL_HINT) from exc
     return AESGCM
-
-
-def _invalid_tag() -> type[Exception]:
-    from cryptography.exceptions import InvalidTag
-
-    return InvalidTag
 
 
 KeySpec = str | bytes | Sequence[str | bytes]
@@ -102,7 +97,7 @@ def parse_key(value: str | bytes, where: str) -> bytes:
 
 
 def key_id(key: bytes) -> bytes:
-    """A short public name for a key: a keyed-hash of it, which reveals nothing about it."""
+    """A short public name for a key: a hash of it, which reveals nothing about it."""
     return hashlib.blake2b(key, digest_size=8, person=b"arrowstash-kid").digest()
 
 
@@ -112,10 +107,13 @@ class Keyring:
     Keys are held only inside cipher objects; the repr, errors and logs name keys by their id.
     """
 
-    __slots__ = ("_ciphers", "key_id")
+    __slots__ = ("_ciphers", "_invalid", "key_id")
 
     def __init__(self, current: bytes, previous: Sequence[bytes] = ()) -> None:
         aesgcm = _aesgcm()
+        from cryptography.exceptions import InvalidTag
+
+        self._invalid = InvalidTag
         self.key_id = key_id(current)
         self._ciphers: dict[bytes, Any] = {}
         for key in (*reversed(previous), current):  # the current key wins a (2^-64) id clash
@@ -167,8 +165,14 @@ class Keyring:
                 "(ARROWSTASH_KEY, ARROWSTASH_PREVIOUS_KEYS or encryption_key=)"
             )
         prefix = _CONTEXT + kid + bound
-        return [_open_section(cipher, prefix, index, section)
-                for index, section in enumerate(sections)]
+        try:
+            return [_open_section(cipher, prefix, index, section)
+                    for index, section in enumerate(sections)]
+        except self._invalid:
+            raise CorruptEntryError(
+                "an encrypted section fails authentication (tampered, truncated, reordered, or "
+                "sealed for another entry)"
+            ) from None
 
 
 class Sealer:
@@ -189,7 +193,8 @@ class SealedSection:
     """A write-only file that encrypts what it is given into chunks passed to ``emit``.
 
     Large writes are sealed straight from the caller's buffer in CHUNK slices; small ones are
-    gathered first, so that a stream of small writes does not pay a chunk per write.
+    gathered first, so that a stream of small writes does not pay a chunk per write. What is
+    gathered when the section ends becomes its last chunk (empty if nothing is left).
     """
 
     closed = False
@@ -202,7 +207,8 @@ class SealedSection:
         self._emit = emit
         self._pending = bytearray()
         self._chunks = 0
-        self._size = 0
+        self._size = 0  # plaintext bytes written
+        self._sealed = 0  # plaintext bytes sealed
 
     def writable(self) -> bool:
         return True
@@ -230,9 +236,9 @@ class SealedSection:
         return size
 
     def finish(self) -> None:
-        """Seal what is pending, then the terminator that authenticates the length."""
-        self._seal_pending()
-        self._seal(b"", last=True)
+        """Seal what is pending as the last chunk."""
+        self._seal(self._pending, last=True)
+        self._pending = bytearray()
 
     def _seal_pending(self) -> None:
         if self._pending:
@@ -240,13 +246,14 @@ class SealedSection:
             self._pending = bytearray()
 
     def _seal(self, plain: Any, last: bool = False) -> None:
-        length = len(plain) if not last else 0
+        length = len(plain)
         nonce = os.urandom(NONCE)
-        place = _PLACE.pack(self._index, self._chunks, self._size if last else length, last)
+        place = _PLACE.pack(self._index, self._chunks, self._sealed, length, last)
         sealed = self._cipher.encrypt(nonce, plain, self._prefix + place)
-        self._emit(_FRAME.pack(length) + nonce)
+        self._emit(_FRAME.pack(length | (_LAST if last else 0)) + nonce)
         self._emit(sealed)
         self._chunks += 1
+        self._sealed += length
 
 
 def _allocate(size: int) -> memoryview:
@@ -259,38 +266,25 @@ def _allocate(size: int) -> memoryview:
 
 
 def _open_section(cipher: Any, prefix: bytes, index: int, sealed: memoryview) -> memoryview:
-    frames = []  # (offset of the nonce, plaintext length)
+    """Decrypt one section; the cipher raises InvalidTag on any chunk that fails."""
+    frames = []  # (where the nonce starts, offset in the plaintext, length, last)
     position, end, total = 0, sealed.nbytes, 0
-    while True:
+    last = False
+    while not last:
         if position + _FRAME.size + NONCE + TAG > end:
             raise CorruptEntryError(f"encrypted section {index} is truncated")
-        (length,) = _FRAME.unpack_from(sealed, position)
-        position += _FRAME.size
-        if length == 0:
-            if position + NONCE + TAG != end:
-                raise CorruptEntryError(f"encrypted section {index} has bytes after its end")
-            break
+        (word,) = _FRAME.unpack_from(sealed, position)
+        last, length = word >= _LAST, word & ~_LAST
         if length > _MAX_CHUNK:
             raise CorruptEntryError(f"encrypted section {index} has a chunk of {length} bytes")
-        frames.append((position, length))
-        position += NONCE + length + TAG
+        frames.append((position + _FRAME.size, total, length, last))
+        position += _FRAME.size + NONCE + length + TAG
         total += length
-    invalid = _invalid_tag()
+    if position != end:
+        raise CorruptEntryError(f"encrypted section {index} does not end with its last chunk")
     out = _allocate(total)
-    written = 0
-    try:
-        for chunk, (at, length) in enumerate(frames):
-            place = _PLACE.pack(index, chunk, length, False)
-            cipher.decrypt_into(sealed[at : at + NONCE],
-                                sealed[at + NONCE : at + NONCE + length + TAG],
-                                prefix + place, out[written : written + length])
-            written += length
-        place = _PLACE.pack(index, len(frames), total, True)
-        cipher.decrypt(sealed[position : position + NONCE], sealed[position + NONCE : end],
-                       prefix + place)
-    except invalid:
-        raise CorruptEntryError(
-            f"encrypted section {index} fails authentication (tampered, truncated, reordered, or "
-            "sealed for another entry)"
-        ) from None
+    for chunk, (at, offset, length, last) in enumerate(frames):
+        cipher.decrypt_into(sealed[at : at + NONCE], sealed[at + NONCE : at + NONCE + length + TAG],
+                            prefix + _PLACE.pack(index, chunk, offset, length, last),
+                            out[offset : offset + length])
     return out
