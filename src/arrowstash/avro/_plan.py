@@ -8,6 +8,7 @@ message.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,7 @@ ERRORS = {
     15: "message is shorter than the 5-byte Confluent header",
     16: "Confluent magic byte is {detail}, not 0",
     17: "message is null",
+    18: "out of memory",
 }
 
 
@@ -79,7 +81,8 @@ class Plan:
     schema: Schema
     nodes: tuple[Node, ...]  # nodes[0] is the top-level record (synthesised for other types)
 
-    def tuples(self) -> list[tuple[int, int, int, int, int, tuple[int, ...], bytes]]:
+    @functools.cached_property
+    def native(self) -> list[tuple[int, int, int, int, int, tuple[int, ...], bytes]]:
         """The plan as plain tuples, the form the C decoder reads; the last item is a decimal's
         bound, 10 ** precision as ``param`` bytes little-endian."""
         return [

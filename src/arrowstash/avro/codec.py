@@ -13,6 +13,7 @@ import functools
 import importlib
 import itertools
 import os
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -94,7 +95,14 @@ def decode_blocks(
     segments = [(b, int(n)) for b, n in blocks]
     if any(n < 0 for _, n in segments):
         raise ValueError("block counts must not be negative")
-    columns, _ = _run(plan, segments, _threads(threads), validate_utf8, False, True, None)
+    nthreads = _threads(threads)
+    if native_available():
+        buffers = [b for b, _ in segments]
+        counts = [n for _, n in segments]
+        result = _cdecode.decode_list(plan.native, buffers, counts, nthreads, validate_utf8, False)
+        columns, _ = _native_result(plan, result, blocks=True)
+    else:
+        columns, _ = _python(plan, segments, validate_utf8, False, blocks=True)
     return _plan.assemble(plan, columns)
 
 
@@ -110,9 +118,20 @@ def decode_messages(
     """``decode`` without resolution: the writer's batch and the Confluent ids (int32, empty
     without ``confluent``). ``native=False`` forces the pure-Python decoder (tests compare)."""
     plan = _compiled(schema)
-    segments = _segments(messages)
-    columns, ids = _run(plan, segments, _threads(threads), validate_utf8, confluent, False, native)
-    return _plan.assemble(plan, columns), pa.array(ids, pa.int32())
+    nthreads = _threads(threads)
+    if native if native is not None else native_available():
+        if _cdecode is None:
+            raise RuntimeError("the native Avro decoder is not built")
+        result = _native_call(plan, messages, nthreads, validate_utf8, confluent)
+        columns, id_buffer = _native_result(plan, result, blocks=False)
+        n = columns[0][0]  # the root record's length: the row count
+        ids = (
+            pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(id_buffer)])
+            if confluent else pa.array([], pa.int32())
+        )
+        return _plan.assemble(plan, columns), ids
+    columns, id_list = _python(plan, _segments(messages), validate_utf8, confluent, blocks=False)
+    return _plan.assemble(plan, columns), pa.array(id_list, pa.int32())
 
 
 def _threads(threads: int | None) -> int:
@@ -165,14 +184,54 @@ def _array_segments(array: pa.Array) -> list[tuple[Any, int]]:
     ]
 
 
-def _run(
+def _native_call(
+    plan: _plan.Plan, messages: Any, nthreads: int, validate_utf8: bool, confluent: bool
+) -> Any:
+    """Hand the messages to the C decoder in place: an array's buffers, a buffer and its
+    offsets, or the list itself (the C side takes each item's memory through the buffer
+    protocol)."""
+    args = (nthreads, validate_utf8, confluent)
+    if isinstance(messages, pa.Array) and not isinstance(messages, pa.ChunkedArray):
+        if not (pa.types.is_binary(messages.type) or pa.types.is_large_binary(messages.type)):
+            raise TypeError(f"messages must be a binary array, not {messages.type}")
+        validity, offsets, data = messages.buffers()
+        width = 8 if pa.types.is_large_binary(messages.type) else 4
+        return _cdecode.decode_concat(
+            plan.native, data if data is not None else b"", offsets, width, messages.offset,
+            len(messages), validity if messages.null_count else None, *args,
+        )
+    if isinstance(messages, tuple) and len(messages) == 2 and not _bytes_like(messages[1]):
+        buffer, offsets = messages
+        if isinstance(offsets, pa.Array):
+            as_int64 = offsets.cast(pa.int64())
+            view = memoryview(as_int64.buffers()[1]).cast("B").cast("q")
+            offsets = view[as_int64.offset : as_int64.offset + len(as_int64)]
+        offs = array("q", offsets)
+        return _cdecode.decode_concat(
+            plan.native, buffer, offs, 8, 0, max(len(offs) - 1, 0), None, *args
+        )
+    if isinstance(messages, pa.ChunkedArray):
+        messages = [m for m, _ in _segments(messages)]
+    elif isinstance(messages, (bytes, bytearray, memoryview, str)):
+        raise TypeError("messages must be a sequence of messages, not one bytes object")
+    return _cdecode.decode_list(plan.native, messages, None, *args)
+
+
+def _native_result(plan: _plan.Plan, result: Any, *, blocks: bool) -> tuple[Any, Any]:
+    if result[0] == 0:
+        return result[1], result[2]
+    _, code, segment, datum, offset, node, detail = result
+    message = _plan.error_message(plan, code, segment, datum, offset, node, detail, blocks)
+    raise AvroDecodeError(message)
+
+
+def _python(
     plan: _plan.Plan,
     segments: list[tuple[Any, int]],
-    threads: int,
     validate_utf8: bool,
     confluent: bool,
+    *,
     blocks: bool,
-    native: bool | None,
 ) -> tuple[list[tuple[int, int, list[Any]]], list[int]]:
     try:
         return decode_segments(plan, segments, validate_utf8=validate_utf8, confluent=confluent)

@@ -1,0 +1,19 @@
+"""Build of the optional native Avro decoder; everything else is configured in pyproject.toml.
+
+``optional=True``: where no C compiler (or no pthreads) exists, the install still succeeds and
+``arrowstash.avro`` uses its pure-Python decoder.
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "arrowstash.avro._cdecode",
+            ["src/arrowstash/avro/_cdecode.c"],
+            extra_compile_args=["-O3", "-pthread", "-Wall", "-Wno-missing-field-initializers"],
+            extra_link_args=["-pthread"],
+            optional=True,
+        ),
+    ],
+)

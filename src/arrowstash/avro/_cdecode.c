@@ -1,0 +1,994 @@
+/* The native Avro decoder: Avro datums straight into Arrow buffers.
+ *
+ * It walks the plan compiled by _plan.py (one node per Arrow array) exactly like the
+ * pure-Python decoder in _decode.py, fills the same buffers in Arrow's layouts and reports
+ * errors as the same (code, segment, datum, offset, node, detail) tuples. No Python object is
+ * made per value; the GIL is released for the whole batch; segments (messages or blocks) are
+ * split across pthreads, each filling its own buffers, which are then concatenated. Every read
+ * is bounds-checked against the end of its segment.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { K_NULL, K_BOOL, K_INT, K_LONG, K_FLOAT, K_DOUBLE, K_BYTES, K_STRING, K_FIXED, K_ENUM,
+       K_UUID_STR, K_DEC_BYTES, K_DEC_FIXED, K_DURATION, K_RECORD, K_ARRAY, K_MAP, K_UNION };
+
+enum { E_TRUNCATED = 1, E_VARINT, E_INT_RANGE, E_UNION_INDEX, E_NEGATIVE, E_UTF8, E_TRAILING,
+       E_BOOL, E_ENUM, E_UUID, E_DECIMAL, E_DURATION, E_BLOCK_COUNT, E_TOO_LARGE,
+       E_CONFLUENT_SHORT, E_CONFLUENT_MAGIC, E_NULL_MESSAGE, E_NO_MEMORY };
+
+typedef struct {
+    int kind, null_branch, nchildren, null_child;
+    int64_t param, size, min_size, item_min;
+    int *children;
+    uint8_t limit[32]; /* decimals: 10**precision, little-endian, param bytes */
+    int has_limit;
+} Node;
+
+typedef struct { uint8_t *p; size_t len, cap; } Buf;
+
+typedef struct {
+    Buf valid, data, offs, tids; /* validity bits, values (or bits), int32 offsets, int8 ids */
+    int64_t length, nulls;
+} Col;
+
+typedef struct { const uint8_t *ptr; int64_t len, count; } Seg; /* len < 0: a null message */
+
+typedef struct {
+    const Node *nodes;
+    int nnodes, validate_utf8, confluent;
+    Col *cols;
+    const uint8_t *start, *end;
+    const Seg *segs;
+    int64_t seg_begin, seg_end;
+    int32_t *ids;
+    /* the first error */
+    int err;
+    int64_t err_seg, err_datum, err_off, err_detail;
+    int err_node, err_unsigned;
+} Ctx;
+
+/* -- buffers ------------------------------------------------------------------------------- */
+
+static int buf_grow(Buf *b, size_t extra);
+
+static inline int buf_reserve(Buf *b, size_t extra) {
+    if (__builtin_expect(b->len + extra <= b->cap, 1)) return 0;
+    return buf_grow(b, extra);
+}
+
+static int buf_grow(Buf *b, size_t extra) {
+    size_t cap = b->cap ? b->cap : 64;
+    while (cap < b->len + extra) cap *= 2;
+    uint8_t *p = realloc(b->p, cap);
+    if (!p) return -1;
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static inline int buf_put(Buf *b, const void *src, size_t n) {
+    if (buf_reserve(b, n)) return -1;
+    memcpy(b->p + b->len, src, n);
+    b->len += n;
+    return 0;
+}
+
+static inline int buf_zeros(Buf *b, size_t n) {
+    if (buf_reserve(b, n)) return -1;
+    memset(b->p + b->len, 0, n);
+    b->len += n;
+    return 0;
+}
+
+static inline int buf_i32(Buf *b, int32_t v) {
+    if (buf_reserve(b, 4)) return -1;
+    memcpy(b->p + b->len, &v, 4);
+    b->len += 4;
+    return 0;
+}
+
+/* Set bit i (the buffer grows zero-filled, so clearing is only growing). */
+static inline int bit_put(Buf *b, int64_t i, int v) {
+    size_t need = (size_t)(i >> 3) + 1;
+    if (need > b->len) {
+        if (buf_zeros(b, need - b->len)) return -1;
+    }
+    if (v) b->p[i >> 3] |= (uint8_t)(1u << (i & 7));
+    return 0;
+}
+
+/* -- errors -------------------------------------------------------------------------------- */
+
+static int fail(Ctx *c, int code, const uint8_t *at, int node, int64_t detail) {
+    c->err = code;
+    c->err_off = at - c->start;
+    c->err_node = node;
+    c->err_detail = detail;
+    c->err_unsigned = 0;
+    return -1;
+}
+
+static int oom(Ctx *c, const uint8_t *at, int node) { return fail(c, E_NO_MEMORY, at, node, 0); }
+
+/* -- primitive reads ----------------------------------------------------------------------- */
+
+static inline int rd_long(Ctx *c, const uint8_t **pp, int node, int64_t *out) {
+    const uint8_t *p = *pp, *end = c->end;
+    if (p < end && *p < 0x80) {
+        uint64_t v = *p;
+        *pp = p + 1;
+        *out = (int64_t)((v >> 1) ^ (0 - (v & 1)));
+        return 0;
+    }
+    uint64_t v = 0;
+    int shift = 0;
+    for (int i = 0; i < 10; i++) {
+        if (p >= end) return fail(c, E_TRUNCATED, *pp, node, 0);
+        uint8_t b = *p++;
+        if (i == 9 && b > 1) return fail(c, E_VARINT, *pp, node, 0);
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if (b < 0x80) {
+            *pp = p;
+            *out = (int64_t)((v >> 1) ^ (0 - (v & 1)));
+            return 0;
+        }
+        shift += 7;
+    }
+    return fail(c, E_VARINT, *pp, node, 0); /* not reached: byte 10 ends or fails above */
+}
+
+static int utf8_ok(const uint8_t *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        if (i + 8 <= n) {
+            uint64_t w;
+            memcpy(&w, s + i, 8);
+            if (!(w & 0x8080808080808080ULL)) {
+                i += 8;
+                continue;
+            }
+        }
+        uint8_t ch = s[i];
+        if (ch < 0x80) {
+            i++;
+        } else if (ch < 0xC2) {
+            return 0;
+        } else if (ch < 0xE0) {
+            if (i + 1 >= n || (s[i + 1] & 0xC0) != 0x80) return 0;
+            i += 2;
+        } else if (ch < 0xF0) {
+            if (i + 2 >= n) return 0;
+            uint8_t c1 = s[i + 1], c2 = s[i + 2];
+            if ((c1 & 0xC0) != 0x80 || (c2 & 0xC0) != 0x80) return 0;
+            if (ch == 0xE0 && c1 < 0xA0) return 0; /* overlong */
+            if (ch == 0xED && c1 >= 0xA0) return 0; /* surrogate */
+            i += 3;
+        } else if (ch < 0xF5) {
+            if (i + 3 >= n) return 0;
+            uint8_t c1 = s[i + 1], c2 = s[i + 2], c3 = s[i + 3];
+            if ((c1 & 0xC0) != 0x80 || (c2 & 0xC0) != 0x80 || (c3 & 0xC0) != 0x80) return 0;
+            if (ch == 0xF0 && c1 < 0x90) return 0; /* overlong */
+            if (ch == 0xF4 && c1 >= 0x90) return 0; /* beyond U+10FFFF */
+            i += 4;
+        } else {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int hexval(uint8_t ch) {
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+    return -1;
+}
+
+/* 36-character text form -> 16 bytes; -1 if malformed. */
+static int parse_uuid(const uint8_t *s, uint8_t *out) {
+    int k = 0;
+    for (int i = 0; i < 36; i++) {
+        if (i == 8 || i == 13 || i == 18 || i == 23) {
+            if (s[i] != '-') return -1;
+            continue;
+        }
+        int hi = hexval(s[i]), lo = hexval(s[i + 1]);
+        if (hi < 0 || lo < 0) return -1;
+        out[k++] = (uint8_t)(hi << 4 | lo);
+        i++;
+    }
+    return 0;
+}
+
+/* Big-endian two's complement of len bytes -> width bytes little-endian, within precision. */
+static int convert_decimal(const Node *n, const uint8_t *src, int64_t len, uint8_t *out) {
+    int w = (int)n->param;
+    uint8_t sign = (len > 0 && (src[0] & 0x80)) ? 0xFF : 0x00;
+    if (len > w) {
+        for (int64_t i = 0; i < len - w; i++)
+            if (src[i] != sign) return -1;
+        if (((src[len - w] & 0x80) ? 0xFF : 0x00) != sign) return -1;
+    }
+    for (int j = 0; j < w; j++) {
+        int64_t k = len - 1 - j;
+        out[j] = k >= 0 ? src[k] : sign;
+    }
+    uint8_t mag[32];
+    if (sign) { /* magnitude = two's complement negation */
+        int carry = 1;
+        for (int j = 0; j < w; j++) {
+            int v = (uint8_t)~out[j] + carry;
+            mag[j] = (uint8_t)v;
+            carry = v >> 8;
+        }
+    } else {
+        memcpy(mag, out, (size_t)w);
+    }
+    for (int j = w - 1; j >= 0; j--) {
+        if (mag[j] != n->limit[j]) return mag[j] > n->limit[j] ? -1 : 0;
+    }
+    return -1; /* equal to 10**precision: one digit too many */
+}
+
+/* -- the walk ------------------------------------------------------------------------------ */
+
+static int dec(Ctx *c, int ni, const uint8_t **pp);
+
+/* A slot with no value: a null, or a child of a null record. Same as _decode.py's empties. */
+static int empty(Ctx *c, int ni) {
+    const Node *n = &c->nodes[ni];
+    Col *col = &c->cols[ni];
+    int r = 0;
+    if (n->null_branch >= 0) {
+        if (bit_put(&col->valid, col->length, 0)) return -1;
+        col->nulls++;
+    }
+    switch (n->kind) {
+    case K_NULL: break;
+    case K_BOOL: r = bit_put(&col->data, col->length, 0); break;
+    case K_INT: case K_ENUM: case K_FLOAT: r = buf_zeros(&col->data, 4); break;
+    case K_LONG: case K_DOUBLE: r = buf_zeros(&col->data, 8); break;
+    case K_FIXED: case K_DEC_BYTES: case K_DEC_FIXED: r = buf_zeros(&col->data, (size_t)n->param); break;
+    case K_UUID_STR: case K_DURATION: r = buf_zeros(&col->data, 16); break;
+    case K_BYTES: case K_STRING: r = buf_i32(&col->offs, (int32_t)col->data.len); break;
+    case K_RECORD:
+        for (int k = 0; k < n->nchildren && !r; k++) r = empty(c, n->children[k]);
+        break;
+    case K_ARRAY: case K_MAP:
+        r = buf_i32(&col->offs, (int32_t)c->cols[n->children[0]].length);
+        break;
+    case K_UNION: {
+        int b = n->null_child;
+        int8_t tid = (int8_t)b;
+        r = buf_put(&col->tids, &tid, 1);
+        if (!r) r = buf_i32(&col->offs, (int32_t)c->cols[n->children[b]].length);
+        if (!r) r = empty(c, n->children[b]);
+        break;
+    }
+    }
+    col->length++;
+    return r;
+}
+
+static inline __attribute__((always_inline)) int dec_value(Ctx *c, int ni, const uint8_t **pp) {
+    const Node *n = &c->nodes[ni];
+    Col *col = &c->cols[ni];
+    const uint8_t *p = *pp, *end = c->end;
+    int64_t v;
+    switch (n->kind) {
+    case K_NULL:
+        break;
+    case K_BOOL:
+        if (p >= end) return fail(c, E_TRUNCATED, p, ni, 0);
+        if (*p > 1) return fail(c, E_BOOL, p, ni, *p);
+        if (bit_put(&col->data, col->length, *p)) return oom(c, p, ni);
+        p++;
+        break;
+    case K_INT:
+        if (rd_long(c, &p, ni, &v)) return -1;
+        if (v < INT32_MIN || v > INT32_MAX) return fail(c, E_INT_RANGE, *pp, ni, v);
+        if (buf_i32(&col->data, (int32_t)v)) return oom(c, *pp, ni);
+        break;
+    case K_ENUM:
+        if (rd_long(c, &p, ni, &v)) return -1;
+        if (v < 0 || v >= n->param) return fail(c, E_ENUM, *pp, ni, v);
+        if (buf_i32(&col->data, (int32_t)v)) return oom(c, *pp, ni);
+        break;
+    case K_LONG:
+        if (rd_long(c, &p, ni, &v)) return -1;
+        if (buf_put(&col->data, &v, 8)) return oom(c, *pp, ni);
+        break;
+    case K_FLOAT: case K_DOUBLE: case K_FIXED: {
+        int64_t size = n->kind == K_FLOAT ? 4 : n->kind == K_DOUBLE ? 8 : n->param;
+        if (end - p < size) return fail(c, E_TRUNCATED, p, ni, 0);
+        if (buf_put(&col->data, p, (size_t)size)) return oom(c, p, ni);
+        p += size;
+        break;
+    }
+    case K_DURATION: {
+        if (end - p < 12) return fail(c, E_TRUNCATED, p, ni, 0);
+        uint32_t months, days, millis;
+        memcpy(&months, p, 4);
+        memcpy(&days, p + 4, 4);
+        memcpy(&millis, p + 8, 4);
+        if (months > INT32_MAX) return fail(c, E_DURATION, p, ni, months);
+        if (days > INT32_MAX) return fail(c, E_DURATION, p, ni, days);
+        int64_t nanos = (int64_t)millis * 1000000;
+        if (buf_put(&col->data, p, 8) || buf_put(&col->data, &nanos, 8)) return oom(c, p, ni);
+        p += 12;
+        break;
+    }
+    case K_DEC_FIXED: {
+        if (end - p < n->size) return fail(c, E_TRUNCATED, p, ni, 0);
+        if (buf_reserve(&col->data, (size_t)n->param)) return oom(c, p, ni);
+        if (convert_decimal(n, p, n->size, col->data.p + col->data.len))
+            return fail(c, E_DECIMAL, p, ni, 0);
+        col->data.len += (size_t)n->param;
+        p += n->size;
+        break;
+    }
+    case K_BYTES: case K_STRING: case K_UUID_STR: case K_DEC_BYTES: {
+        if (rd_long(c, &p, ni, &v)) return -1;
+        if (v < 0) return fail(c, E_NEGATIVE, *pp, ni, v);
+        if (v > end - p) return fail(c, E_TRUNCATED, *pp, ni, 0);
+        if (n->kind == K_UUID_STR) {
+            if (buf_reserve(&col->data, 16)) return oom(c, *pp, ni);
+            if (v != 36 || parse_uuid(p, col->data.p + col->data.len))
+                return fail(c, E_UUID, *pp, ni, 0);
+            col->data.len += 16;
+        } else if (n->kind == K_DEC_BYTES) {
+            if (buf_reserve(&col->data, (size_t)n->param)) return oom(c, *pp, ni);
+            if (convert_decimal(n, p, v, col->data.p + col->data.len))
+                return fail(c, E_DECIMAL, *pp, ni, 0);
+            col->data.len += (size_t)n->param;
+        } else {
+            if (n->kind == K_STRING && c->validate_utf8 && !utf8_ok(p, (size_t)v))
+                return fail(c, E_UTF8, *pp, ni, 0);
+            if (buf_put(&col->data, p, (size_t)v)) return oom(c, *pp, ni);
+            if (col->data.len > INT32_MAX) return fail(c, E_TOO_LARGE, *pp, ni, 0);
+            if (buf_i32(&col->offs, (int32_t)col->data.len)) return oom(c, *pp, ni);
+        }
+        p += v;
+        break;
+    }
+    case K_RECORD:
+        for (int k = 0; k < n->nchildren; k++)
+            if (dec(c, n->children[k], &p)) return -1;
+        break;
+    case K_ARRAY: case K_MAP: {
+        Col *first = &c->cols[n->children[0]];
+        for (;;) {
+            const uint8_t *start = p;
+            if (rd_long(c, &p, ni, &v)) return -1;
+            if (v == 0) break;
+            uint64_t count = (uint64_t)v;
+            if (v < 0) {
+                count = 0 - (uint64_t)v;
+                const uint8_t *size_start = p;
+                int64_t size;
+                if (rd_long(c, &p, ni, &size)) return -1;
+                if (size < 0) return fail(c, E_NEGATIVE, size_start, ni, size);
+            }
+            if (n->item_min && count > (uint64_t)(end - p) / (uint64_t)n->item_min) {
+                fail(c, E_BLOCK_COUNT, start, ni, 0);
+                c->err_detail = (int64_t)count;
+                c->err_unsigned = 1;
+                return -1;
+            }
+            if (count > (uint64_t)(INT32_MAX - first->length))
+                return fail(c, E_TOO_LARGE, start, ni, 0);
+            for (uint64_t i = 0; i < count; i++)
+                for (int k = 0; k < n->nchildren; k++)
+                    if (dec(c, n->children[k], &p)) return -1;
+        }
+        if (buf_i32(&col->offs, (int32_t)first->length)) return oom(c, p, ni);
+        break;
+    }
+    case K_UNION: {
+        if (rd_long(c, &p, ni, &v)) return -1;
+        if (v < 0 || v >= n->nchildren) return fail(c, E_UNION_INDEX, *pp, ni, v);
+        int8_t tid = (int8_t)v;
+        Col *child = &c->cols[n->children[v]];
+        if (buf_put(&col->tids, &tid, 1) || buf_i32(&col->offs, (int32_t)child->length))
+            return oom(c, *pp, ni);
+        col->length++;
+        *pp = p;
+        return dec(c, n->children[v], pp);
+    }
+    }
+    col->length++;
+    *pp = p;
+    return 0;
+}
+
+static int dec(Ctx *c, int ni, const uint8_t **pp) {
+    const Node *n = &c->nodes[ni];
+    if (n->null_branch >= 0) {
+        Col *col = &c->cols[ni];
+        const uint8_t *start = *pp;
+        int64_t idx;
+        if (rd_long(c, pp, ni, &idx)) return -1;
+        if (idx == n->null_branch) {
+            if (empty(c, ni)) return oom(c, start, ni);
+            return 0;
+        }
+        if (idx != 1 - n->null_branch) return fail(c, E_UNION_INDEX, start, ni, idx);
+        if (bit_put(&col->valid, col->length, 1)) return oom(c, start, ni);
+    }
+    return dec_value(c, ni, pp);
+}
+
+/* After a sample of the input, grow every buffer once to what the whole range will likely
+ * need, instead of doubling (and copying, and faulting in pages) many times. */
+static void presize(Ctx *c, int64_t done_bytes, int64_t left_bytes) {
+    if (done_bytes <= 0 || left_bytes <= 0) return;
+    double f = (double)left_bytes / (double)done_bytes * 1.05;
+    for (int i = 0; i < c->nnodes; i++) {
+        Col *col = &c->cols[i];
+        Buf *bufs[4] = {&col->valid, &col->data, &col->offs, &col->tids};
+        for (int k = 0; k < 4; k++)
+            if (bufs[k]->len) buf_reserve(bufs[k], (size_t)(bufs[k]->len * f) + 64);
+    }
+}
+
+/* Decode segments [seg_begin, seg_end) into c->cols; stop at the first error. */
+static void run_segments(Ctx *c) {
+    int64_t total = 0, done = 0;
+    for (int64_t s = c->seg_begin; s < c->seg_end; s++) total += c->segs[s].len > 0 ? c->segs[s].len : 0;
+    int64_t probe = c->seg_begin + (c->seg_end - c->seg_begin) / 32;
+    for (int64_t s = c->seg_begin; s < c->seg_end; s++) {
+        if (s == probe && s > c->seg_begin) presize(c, done, total - done);
+        done += c->segs[s].len > 0 ? c->segs[s].len : 0;
+        const Seg *seg = &c->segs[s];
+        int64_t datum = 0;
+        c->err_seg = s;
+        c->err_datum = 0;
+        if (seg->len < 0) {
+            c->start = NULL;
+            c->err = E_NULL_MESSAGE, c->err_off = 0, c->err_node = 0, c->err_detail = 0;
+            return;
+        }
+        c->start = seg->ptr;
+        c->end = seg->ptr + seg->len;
+        const uint8_t *p = seg->ptr;
+        if (c->confluent) {
+            if (seg->len < 5) {
+                fail(c, E_CONFLUENT_SHORT, p, 0, 0);
+                return;
+            }
+            if (p[0] != 0) {
+                fail(c, E_CONFLUENT_MAGIC, p, 0, p[0]);
+                return;
+            }
+            c->ids[s] = (int32_t)((uint32_t)p[1] << 24 | (uint32_t)p[2] << 16 |
+                                  (uint32_t)p[3] << 8 | (uint32_t)p[4]);
+            p += 5;
+        }
+        for (datum = 0; datum < seg->count; datum++) {
+            c->err_datum = datum;
+            if (dec(c, 0, &p)) return;
+        }
+        if (p != c->end) {
+            fail(c, E_TRAILING, p, 0, c->end - p);
+            return;
+        }
+    }
+}
+
+static void *thread_main(void *arg) {
+    run_segments((Ctx *)arg);
+    return NULL;
+}
+
+/* -- concatenating the threads' buffers ------------------------------------------------------ */
+
+static int bits_append(Buf *dst, int64_t dst_bits, const Buf *src, int64_t nbits) {
+    if (nbits == 0) return 0;
+    size_t need = (size_t)((dst_bits + nbits + 7) >> 3);
+    if (need > dst->len && buf_zeros(dst, need - dst->len)) return -1;
+    if ((dst_bits & 7) == 0) {
+        memcpy(dst->p + (dst_bits >> 3), src->p, (size_t)((nbits + 7) >> 3));
+        return 0;
+    }
+    for (int64_t i = 0; i < nbits; i++)
+        if (src->p[i >> 3] & (1u << (i & 7))) {
+            int64_t j = dst_bits + i;
+            dst->p[j >> 3] |= (uint8_t)(1u << (j & 7));
+        }
+    return 0;
+}
+
+/* Concatenate node ni of every thread into out (thread order = row order). */
+static int merge_node(const Node *nodes, int ni, Ctx *ctxs, int nt, Col *out) {
+    const Node *n = &nodes[ni];
+    memset(out, 0, sizeof *out);
+    int64_t data_base = 0;
+    int64_t child_base[256] = {0};
+    int nullable = n->null_branch >= 0;
+    if ((n->kind == K_BYTES || n->kind == K_STRING || n->kind == K_ARRAY || n->kind == K_MAP) &&
+        buf_i32(&out->offs, 0))
+        return -1;
+    for (int t = 0; t < nt; t++) {
+        Col *col = &ctxs[t].cols[ni];
+        if (nullable && bits_append(&out->valid, out->length, &col->valid, col->length)) return -1;
+        switch (n->kind) {
+        case K_NULL: case K_RECORD: break;
+        case K_BOOL:
+            if (bits_append(&out->data, out->length, &col->data, col->length)) return -1;
+            break;
+        case K_BYTES: case K_STRING: case K_ARRAY: case K_MAP: {
+            int32_t *src = (int32_t *)col->offs.p;
+            int64_t base = (n->kind == K_BYTES || n->kind == K_STRING)
+                ? data_base : child_base[0];
+            if (base + (n->kind <= K_STRING ? (int64_t)col->data.len : 0) > INT32_MAX)
+                return -2;
+            if (buf_reserve(&out->offs, (size_t)col->length * 4)) return -1;
+            int32_t *dst = (int32_t *)(out->offs.p + out->offs.len);
+            for (int64_t i = 1; i <= col->length; i++) dst[i - 1] = (int32_t)(src[i] + base);
+            out->offs.len += (size_t)col->length * 4;
+            if (n->kind <= K_STRING) {
+                if (col->data.len && buf_put(&out->data, col->data.p, col->data.len)) return -1;
+                data_base += (int64_t)col->data.len;
+            } else {
+                child_base[0] += ctxs[t].cols[n->children[0]].length;
+                if (child_base[0] > INT32_MAX) return -2;
+            }
+            break;
+        }
+        case K_UNION: {
+            if (col->tids.len && buf_put(&out->tids, col->tids.p, col->tids.len)) return -1;
+            if (buf_reserve(&out->offs, (size_t)col->length * 4)) return -1;
+            int32_t *src = (int32_t *)col->offs.p;
+            int32_t *dst = (int32_t *)(out->offs.p + out->offs.len);
+            for (int64_t i = 0; i < col->length; i++)
+                dst[i] = (int32_t)(src[i] + child_base[(int8_t)col->tids.p[i]]);
+            out->offs.len += (size_t)col->length * 4;
+            for (int k = 0; k < n->nchildren; k++)
+                child_base[k] += ctxs[t].cols[n->children[k]].length;
+            break;
+        }
+        default:
+            if (col->data.len && buf_put(&out->data, col->data.p, col->data.len)) return -1;
+        }
+        out->length += col->length;
+        out->nulls += col->nulls;
+    }
+    return 0;
+}
+
+/* -- the Python side: plan, inputs, outputs ------------------------------------------------- */
+
+typedef struct { PyObject_HEAD uint8_t *p; Py_ssize_t len; } CBuf;
+
+static void cbuf_dealloc(CBuf *self) {
+    free(self->p);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int cbuf_getbuffer(CBuf *self, Py_buffer *view, int flags) {
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->p, self->len, 0, flags);
+}
+
+static PyBufferProcs cbuf_as_buffer = {(getbufferproc)cbuf_getbuffer, NULL};
+
+static PyTypeObject CBufType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "arrowstash.avro._cdecode.Buffer",
+    .tp_basicsize = sizeof(CBuf),
+    .tp_dealloc = (destructor)cbuf_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_as_buffer = &cbuf_as_buffer,
+    .tp_doc = "Memory filled by the native Avro decoder, freed with this object.",
+};
+
+/* Hand a Buf's memory to a new Python buffer object (the Buf is emptied). */
+static PyObject *take(Buf *b) {
+    CBuf *o = PyObject_New(CBuf, &CBufType);
+    if (!o) return NULL;
+    if (!b->p) b->p = malloc(1);
+    o->p = b->p;
+    o->len = (Py_ssize_t)b->len;
+    b->p = NULL;
+    b->len = b->cap = 0;
+    return (PyObject *)o;
+}
+
+static void free_cols(Col *cols, int n) {
+    if (!cols) return;
+    for (int i = 0; i < n; i++) {
+        free(cols[i].valid.p);
+        free(cols[i].data.p);
+        free(cols[i].offs.p);
+        free(cols[i].tids.p);
+    }
+    free(cols);
+}
+
+static void free_nodes(Node *nodes, int n) {
+    if (!nodes) return;
+    for (int i = 0; i < n; i++) free(nodes[i].children);
+    free(nodes);
+}
+
+static Node *parse_plan(PyObject *plan, int *nnodes) {
+    PyObject *seq = PySequence_Fast(plan, "plan must be a sequence");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Node *nodes = calloc((size_t)n + 1, sizeof(Node));
+    if (!nodes) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *children, *limit;
+        Node *nd = &nodes[i];
+        long long param, size, min_size;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "iiLLLO!O!", &nd->kind,
+                              &nd->null_branch, &param, &size, &min_size, &PyTuple_Type,
+                              &children, &PyBytes_Type, &limit))
+            goto error;
+        nd->param = param, nd->size = size, nd->min_size = min_size;
+        nd->nchildren = (int)PyTuple_GET_SIZE(children);
+        nd->children = calloc((size_t)nd->nchildren + 1, sizeof(int));
+        if (!nd->children) {
+            PyErr_NoMemory();
+            goto error;
+        }
+        for (int k = 0; k < nd->nchildren; k++) {
+            long ci = PyLong_AsLong(PyTuple_GET_ITEM(children, k));
+            if (ci <= i || ci >= n) { /* children come after their parent */
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "bad plan");
+                goto error;
+            }
+            nd->children[k] = (int)ci;
+        }
+        Py_ssize_t lim = PyBytes_GET_SIZE(limit);
+        if (lim > 32 || ((nd->kind == K_DEC_BYTES || nd->kind == K_DEC_FIXED) &&
+                         (lim != nd->param || (nd->param != 16 && nd->param != 32)))) {
+            PyErr_SetString(PyExc_ValueError, "bad decimal in plan");
+            goto error;
+        }
+        memcpy(nd->limit, PyBytes_AS_STRING(limit), (size_t)lim);
+        if ((nd->kind == K_ARRAY || nd->kind == K_MAP) && nd->nchildren < 1) {
+            PyErr_SetString(PyExc_ValueError, "bad plan: list without items");
+            goto error;
+        }
+        if (nd->kind == K_UNION && nd->nchildren > 127) {
+            PyErr_SetString(PyExc_ValueError, "a union of more than 127 branches");
+            goto error;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) { /* derived fields */
+        Node *nd = &nodes[i];
+        nd->item_min = 0;
+        for (int k = 0; k < nd->nchildren; k++) nd->item_min += nodes[nd->children[k]].min_size;
+        if (nd->kind == K_UNION) { /* the first null branch, else branch 0 */
+            nd->null_child = 0;
+            for (int k = 0; k < nd->nchildren; k++)
+                if (nodes[nd->children[k]].kind == K_NULL) {
+                    nd->null_child = k;
+                    break;
+                }
+        }
+    }
+    Py_DECREF(seq);
+    *nnodes = (int)n;
+    return nodes;
+error:
+    free_nodes(nodes, (int)n);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+static PyObject *node_buffers(const Node *n, Col *col) {
+    PyObject *validity = Py_None;
+    Py_INCREF(Py_None);
+    if (n->null_branch >= 0 && col->nulls) {
+        Py_DECREF(Py_None);
+        validity = take(&col->valid);
+        if (!validity) return NULL;
+    }
+    PyObject *bufs = NULL;
+    switch (n->kind) {
+    case K_NULL: bufs = Py_BuildValue("[O]", Py_None); break;
+    case K_BYTES: case K_STRING:
+        bufs = Py_BuildValue("[ONN]", validity, take(&col->offs), take(&col->data));
+        break;
+    case K_ARRAY: case K_MAP: bufs = Py_BuildValue("[ON]", validity, take(&col->offs)); break;
+    case K_RECORD: bufs = Py_BuildValue("[O]", validity); break;
+    case K_UNION:
+        bufs = Py_BuildValue("[ONN]", Py_None, take(&col->tids), take(&col->offs));
+        break;
+    default: bufs = Py_BuildValue("[ON]", validity, take(&col->data));
+    }
+    Py_DECREF(validity);
+    if (!bufs) return NULL;
+    int64_t nulls = n->kind == K_NULL ? col->length : col->nulls;
+    return Py_BuildValue("LLN", (long long)col->length, (long long)nulls, bufs);
+}
+
+/* Decode segs with nthreads; returns (0, columns, ids) or (1, code, seg, datum, off, node, detail). */
+static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int validate_utf8,
+                     int confluent) {
+    int nnodes = 0;
+    Node *nodes = parse_plan(plan, &nnodes);
+    if (!nodes) return NULL;
+    if (nnodes < 1 || nodes[0].kind != K_RECORD) {
+        free_nodes(nodes, nnodes);
+        PyErr_SetString(PyExc_ValueError, "bad plan: no root record");
+        return NULL;
+    }
+    int64_t total = 0;
+    for (int64_t s = 0; s < nsegs; s++) total += segs[s].len > 0 ? segs[s].len : 0;
+    if (nthreads < 1) nthreads = 1;
+    if (nthreads > 64) nthreads = 64;
+    if (total < 65536 || nsegs < 2 * nthreads) nthreads = 1; /* not worth a thread */
+    Ctx *ctxs = calloc((size_t)nthreads, sizeof(Ctx));
+    Buf ids = {0};
+    int failed_alloc = !ctxs || (confluent && buf_zeros(&ids, (size_t)(nsegs > 0 ? nsegs : 1) * 4));
+    for (int t = 0; t < nthreads && !failed_alloc; t++) {
+        ctxs[t].cols = calloc((size_t)nnodes, sizeof(Col));
+        if (!ctxs[t].cols) failed_alloc = 1;
+    }
+    if (failed_alloc) {
+        if (ctxs)
+            for (int t = 0; t < nthreads; t++) free_cols(ctxs[t].cols, nnodes);
+        free(ctxs);
+        free(ids.p);
+        free_nodes(nodes, nnodes);
+        return PyErr_NoMemory();
+    }
+    /* contiguous ranges of about equal bytes */
+    int64_t s = 0, acc = 0;
+    for (int t = 0; t < nthreads; t++) {
+        Ctx *c = &ctxs[t];
+        c->nodes = nodes, c->nnodes = nnodes, c->validate_utf8 = validate_utf8;
+        c->confluent = confluent, c->segs = segs, c->ids = (int32_t *)ids.p;
+        c->seg_begin = s;
+        int64_t goal = total * (t + 1) / nthreads;
+        if (t == nthreads - 1) s = nsegs;
+        else
+            while (s < nsegs && (acc < goal || s == c->seg_begin)) {
+                acc += segs[s].len > 0 ? segs[s].len : 0;
+                s++;
+            }
+        c->seg_end = s;
+        for (int i = 0; i < nnodes; i++) { /* offsets start at 0 */
+            int k = nodes[i].kind;
+            if ((k == K_BYTES || k == K_STRING || k == K_ARRAY || k == K_MAP) &&
+                buf_i32(&c->cols[i].offs, 0))
+                failed_alloc = 1;
+        }
+    }
+    Col *merged = NULL;
+    int merge_err = failed_alloc;
+    Py_BEGIN_ALLOW_THREADS
+    if (!failed_alloc) {
+        pthread_t tids[64];
+        int started[64] = {0};
+        for (int t = 1; t < nthreads; t++)
+            started[t] = pthread_create(&tids[t], NULL, thread_main, &ctxs[t]) == 0;
+        run_segments(&ctxs[0]);
+        for (int t = 1; t < nthreads; t++) {
+            if (started[t]) pthread_join(tids[t], NULL);
+            else run_segments(&ctxs[t]);
+        }
+        int any_err = 0;
+        for (int t = 0; t < nthreads; t++) any_err |= ctxs[t].err != 0;
+        if (!any_err && nthreads > 1) {
+            merged = calloc((size_t)nnodes, sizeof(Col));
+            if (!merged) merge_err = -1;
+            for (int i = 0; i < nnodes && !merge_err; i++)
+                merge_err = merge_node(nodes, i, ctxs, nthreads, &merged[i]);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyObject *result = NULL;
+    for (int t = 0; t < nthreads; t++) {
+        if (ctxs[t].err) { /* the first failing range holds the first bad segment */
+            Ctx *c = &ctxs[t];
+            PyObject *detail = c->err_unsigned
+                ? PyLong_FromUnsignedLongLong((unsigned long long)c->err_detail)
+                : PyLong_FromLongLong(c->err_detail);
+            if (c->err == E_NO_MEMORY) PyErr_NoMemory();
+            else if (detail)
+                result = Py_BuildValue("iiLLLiN", 1, c->err, (long long)c->err_seg,
+                                       (long long)c->err_datum, (long long)c->err_off,
+                                       c->err_node, detail);
+            goto done;
+        }
+    }
+    if (merge_err == -2) {
+        result = Py_BuildValue("iiLLLiL", 1, E_TOO_LARGE, (long long)ctxs[nthreads - 1].seg_begin,
+                               0LL, 0LL, 0, 0LL);
+        goto done;
+    }
+    if (merge_err) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    {
+        Col *cols = nthreads > 1 ? merged : ctxs[0].cols;
+        PyObject *columns = PyList_New(nnodes);
+        if (!columns) goto done;
+        for (int i = 0; i < nnodes; i++) {
+            PyObject *item = node_buffers(&nodes[i], &cols[i]);
+            if (!item) {
+                Py_DECREF(columns);
+                goto done;
+            }
+            PyList_SET_ITEM(columns, i, item);
+        }
+        PyObject *idbuf = confluent ? take(&ids) : (Py_INCREF(Py_None), Py_None);
+        result = idbuf ? Py_BuildValue("iNN", 0, columns, idbuf) : NULL;
+        if (!idbuf) Py_DECREF(columns);
+    }
+done:
+    for (int t = 0; t < nthreads; t++) free_cols(ctxs[t].cols, nnodes);
+    free_cols(merged, nnodes);
+    free(ctxs);
+    free(ids.p);
+    free_nodes(nodes, nnodes);
+    return result;
+}
+
+/* decode_list(plan, messages, counts_or_None, nthreads, validate_utf8, confluent) */
+static PyObject *decode_list(PyObject *self, PyObject *args) {
+    PyObject *plan, *messages, *counts;
+    int nthreads, validate_utf8, confluent;
+    if (!PyArg_ParseTuple(args, "OOOipp", &plan, &messages, &counts, &nthreads, &validate_utf8,
+                          &confluent))
+        return NULL;
+    /* a tuple holds the messages alive even if the caller's list changes meanwhile */
+    PyObject *items = PySequence_Tuple(messages);
+    if (!items) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(items);
+    if (counts != Py_None && PySequence_Size(counts) != n) {
+        Py_DECREF(items);
+        PyErr_SetString(PyExc_ValueError, "one count per block");
+        return NULL;
+    }
+    Seg *segs = calloc((size_t)n + 1, sizeof(Seg));
+    Py_buffer *views = calloc((size_t)n + 1, sizeof(Py_buffer));
+    char *held = calloc((size_t)n + 1, 1);
+    PyObject *result = NULL;
+    if (!segs || !views || !held) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *m = PyTuple_GET_ITEM(items, i);
+        segs[i].count = 1;
+        if (counts != Py_None) {
+            PyObject *ci = PySequence_GetItem(counts, i);
+            if (!ci) goto done;
+            segs[i].count = PyLong_AsLongLong(ci);
+            Py_DECREF(ci);
+            if (segs[i].count < 0) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_ValueError, "block counts must not be negative");
+                goto done;
+            }
+        }
+        if (m == Py_None) {
+            segs[i].len = -1;
+        } else if (PyBytes_CheckExact(m)) {
+            segs[i].ptr = (const uint8_t *)PyBytes_AS_STRING(m);
+            segs[i].len = PyBytes_GET_SIZE(m);
+        } else {
+            if (PyObject_GetBuffer(m, &views[i], PyBUF_C_CONTIGUOUS) < 0) goto done;
+            held[i] = 1;
+            segs[i].ptr = views[i].buf;
+            segs[i].len = views[i].len;
+        }
+    }
+    result = run(plan, segs, n, nthreads, validate_utf8, confluent);
+done:
+    if (views && held)
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (held[i]) PyBuffer_Release(&views[i]);
+    free(segs);
+    free(views);
+    free(held);
+    Py_DECREF(items);
+    return result;
+}
+
+/* decode_concat(plan, data, offsets, offset_width, first, n, validity_or_None, nthreads,
+ *               validate_utf8, confluent): message i = data[offsets[first+i]:offsets[first+i+1]],
+ * null where bit (first + i) of validity is clear. */
+static PyObject *decode_concat(PyObject *self, PyObject *args) {
+    PyObject *plan, *data, *offsets, *validity;
+    int width, nthreads, validate_utf8, confluent;
+    long long first, n;
+    if (!PyArg_ParseTuple(args, "OOOiLLOipp", &plan, &data, &offsets, &width, &first, &n,
+                          &validity, &nthreads, &validate_utf8, &confluent))
+        return NULL;
+    if ((width != 4 && width != 8) || first < 0 || n < 0) {
+        PyErr_SetString(PyExc_ValueError, "bad offsets");
+        return NULL;
+    }
+    Py_buffer dv = {0}, ov = {0}, vv = {0};
+    int have_v = 0;
+    PyObject *result = NULL;
+    Seg *segs = NULL;
+    if (PyObject_GetBuffer(data, &dv, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(offsets, &ov, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&dv);
+        return NULL;
+    }
+    if (validity != Py_None) {
+        if (PyObject_GetBuffer(validity, &vv, PyBUF_C_CONTIGUOUS) < 0) goto done;
+        have_v = 1;
+        if (vv.len * 8 < first + n) {
+            PyErr_SetString(PyExc_ValueError, "validity bitmap too short");
+            goto done;
+        }
+    }
+    if (ov.len < (first + n + 1) * width) {
+        PyErr_SetString(PyExc_ValueError, "offsets too short");
+        goto done;
+    }
+    segs = calloc((size_t)n + 1, sizeof(Seg));
+    if (!segs) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (long long i = 0; i < n; i++) {
+        int64_t a, b;
+        if (width == 4) {
+            int32_t x, y;
+            memcpy(&x, (char *)ov.buf + (first + i) * 4, 4);
+            memcpy(&y, (char *)ov.buf + (first + i + 1) * 4, 4);
+            a = x, b = y;
+        } else {
+            memcpy(&a, (char *)ov.buf + (first + i) * 8, 8);
+            memcpy(&b, (char *)ov.buf + (first + i + 1) * 8, 8);
+        }
+        if (a < 0 || b < a || b > dv.len) {
+            PyErr_Format(PyExc_ValueError,
+                         "offsets of message %lld (%lld, %lld) are outside the data buffer", i,
+                         (long long)a, (long long)b);
+            goto done;
+        }
+        segs[i].count = 1;
+        int64_t bit = first + i;
+        if (have_v && !(((const uint8_t *)vv.buf)[bit >> 3] & (1u << (bit & 7)))) {
+            segs[i].len = -1;
+        } else {
+            segs[i].ptr = (const uint8_t *)dv.buf + a;
+            segs[i].len = b - a;
+        }
+    }
+    result = run(plan, segs, n, nthreads, validate_utf8, confluent);
+done:
+    free(segs);
+    if (have_v) PyBuffer_Release(&vv);
+    PyBuffer_Release(&ov);
+    PyBuffer_Release(&dv);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"decode_list", decode_list, METH_VARARGS,
+     "decode_list(plan, messages, counts, nthreads, validate_utf8, confluent)"},
+    {"decode_concat", decode_concat, METH_VARARGS,
+     "decode_concat(plan, data, offsets, width, first, n, validity, nthreads, validate_utf8, "
+     "confluent)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_cdecode", "The native Avro decoder (see codec.py).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__cdecode(void) {
+    if (PyType_Ready(&CBufType) < 0) return NULL;
+    return PyModule_Create(&module);
+}

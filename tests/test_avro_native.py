@@ -1,0 +1,221 @@
+"""The native (C) Avro decoder against the pure-Python one: same batches, same errors, no crash
+on random bytes, the GIL released while it runs, threads giving the same result as one."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import fastavro
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from _avro_strategies import avro_schemas, values_for
+from arrowstash import AvroDecodeError
+from arrowstash.avro import codec, decode_blocks, parse_schema
+from arrowstash.avro.codec import decode_messages
+
+pytestmark = pytest.mark.skipif(
+    codec._cdecode is None, reason="the native Avro decoder is not built (no C compiler)"
+)
+
+
+def write(schema: Any, records: list[Any]) -> list[bytes]:
+    parsed = fastavro.parse_schema(schema)
+    out = []
+    for r in records:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed, r)
+        out.append(buf.getvalue())
+    return out
+
+
+def both(messages: Any, schema: Any, **kw: Any) -> tuple[Any, Any]:
+    """(native outcome, Python outcome): each a (batch, ids) pair or the error's text."""
+    parsed = parse_schema(schema)
+    out = []
+    for native in (True, False):
+        try:
+            batch, ids = decode_messages(messages, parsed, native=native, **kw)
+            out.append((batch, ids.to_pylist()))
+        except AvroDecodeError as exc:
+            out.append(str(exc))
+    return out[0], out[1]
+
+
+def assert_same(native: Any, python: Any) -> None:
+    if isinstance(python, str):
+        assert native == python
+        return
+    assert not isinstance(native, str), native
+    native[0].validate(full=True)
+    assert native[0].equals(python[0])
+    assert native[0].schema == python[0].schema
+    assert native[1] == python[1]
+
+
+@st.composite
+def schema_and_records(draw: st.DrawFn, max_size: int = 6) -> tuple[dict[str, Any], list[Any]]:
+    schema = draw(avro_schemas())
+    records = draw(st.lists(values_for(parse_schema(schema).root), max_size=max_size))
+    return schema, records
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=schema_and_records(), threads=st.integers(1, 3))
+def test_native_equals_python_on_valid_messages(
+    case: tuple[dict[str, Any], list[Any]], threads: int
+) -> None:
+    schema, records = case
+    messages = write(schema, records)
+    native, python = both(messages, schema, threads=threads)
+    assert_same(native, python)
+    arr = pa.array(messages, pa.binary())
+    assert_same(both(arr, schema)[0], python)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=schema_and_records(), data=st.data())
+def test_native_equals_python_on_broken_messages(
+    case: tuple[dict[str, Any], list[Any]], data: st.DataObject
+) -> None:
+    """Truncations, extensions, flipped bytes and random garbage: the same error text (code,
+    message index, offset, field) from both decoders, or the same batch."""
+    schema, records = case
+    messages = write(schema, records) or [b""]
+    i = data.draw(st.integers(0, len(messages) - 1))
+    m = messages[i]
+    choice = data.draw(st.sampled_from(["cut", "extend", "flip", "garbage"]))
+    if choice == "cut":
+        bad = m[: data.draw(st.integers(0, max(0, len(m) - 1)))]
+    elif choice == "extend":
+        bad = m + data.draw(st.binary(min_size=1, max_size=4))
+    elif choice == "flip" and m:
+        j = data.draw(st.integers(0, len(m) - 1))
+        bad = m[:j] + bytes([m[j] ^ data.draw(st.integers(1, 255))]) + m[j + 1 :]
+    else:
+        bad = data.draw(st.binary(max_size=40))
+    trial = [*messages[:i], bad, *messages[i + 1 :]]
+    native, python = both(trial, schema)
+    assert_same(native, python)
+
+
+@settings(max_examples=300, deadline=None)
+@given(garbage=st.lists(st.binary(max_size=64), min_size=1, max_size=8))
+def test_native_never_crashes_on_random_bytes(garbage: list[bytes]) -> None:
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "s", "type": ["null", "string"]},
+        {"name": "a", "type": {"type": "array", "items": {"type": "map", "values": "long"}}},
+        {"name": "u", "type": ["int", "bytes", {"type": "fixed", "name": "F", "size": 3},
+                               {"type": "enum", "name": "E", "symbols": ["A", "B"]}]},
+        {"name": "d", "type": {"type": "bytes", "logicalType": "decimal", "precision": 20}},
+        {"name": "t", "type": {"type": "string", "logicalType": "uuid"}},
+        {"name": "dur", "type": {"type": "fixed", "name": "D", "size": 12,
+                                 "logicalType": "duration"}},
+        {"name": "r", "type": {"type": "record", "name": "In", "fields": [
+            {"name": "b", "type": "boolean"}, {"name": "f", "type": "float"}]}},
+    ]}
+    native, python = both(garbage, schema)
+    assert_same(native, python)
+
+
+def test_errors_and_inputs_match_for_every_input_form() -> None:
+    schema = {"type": "record", "name": "R", "fields": [{"name": "s", "type": "string"}]}
+    messages = write(schema, [{"s": "x" * i} for i in range(300)])
+    bad = [*messages[:200], b"\x04\xff\xfe", *messages[201:]]
+    arr = pa.array(bad, pa.binary())
+    data = b"".join(bad)
+    offsets = [0]
+    for m in bad:
+        offsets.append(offsets[-1] + len(m))
+    for form in (bad, arr, pa.array(bad, pa.large_binary()), (data, offsets),
+                 (pa.py_buffer(data), pa.array(offsets, pa.int32()))):
+        native, python = both(form, schema, threads=2)
+        assert native == python == "message 200 at byte 0: invalid UTF-8 in string at s"
+    native, python = both(arr.slice(150, 100), schema)
+    assert native == python == "message 50 at byte 0: invalid UTF-8 in string at s"
+    with_null = pa.array([*messages[:3], None, *messages[3:]], pa.binary())
+    assert both(with_null, schema)[0] == "message 3 at byte 0: message is null"
+    native_ok, python_ok = both(pa.array(messages, pa.binary()).slice(7, 40), schema)
+    assert_same(native_ok, python_ok)
+
+
+def test_threads_split_rows_but_not_results() -> None:
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "s", "type": ["null", "string"]},
+        {"name": "b", "type": "boolean"},
+        {"name": "l", "type": {"type": "array", "items": ["int", "string", "null"]}},
+        {"name": "m", "type": {"type": "map", "values": {"type": "enum", "name": "E",
+                                                          "symbols": ["A", "B"]}}},
+        {"name": "r", "type": ["null", {"type": "record", "name": "In", "fields": [
+            {"name": "x", "type": "long"}, {"name": "y", "type": "bytes"}]}]}]}
+    records = [
+        {"s": None if i % 3 == 0 else f"s{i}", "b": i % 2 == 0,
+         "l": [i, f"v{i}", None][: i % 4], "m": {f"k{j}": "AB"[j % 2] for j in range(i % 3)},
+         "r": None if i % 5 == 0 else {"x": i, "y": bytes([i % 256]) * (i % 7)}}
+        for i in range(5000)
+    ]
+    messages = write(schema, records)
+    one, _ = decode_messages(messages, parse_schema(schema), threads=1, native=True)
+    for threads in (2, 3, 7):
+        many, _ = decode_messages(messages, parse_schema(schema), threads=threads, native=True)
+        many.validate(full=True)
+        assert many.equals(one)
+    python, _ = decode_messages(messages, parse_schema(schema), native=False)
+    assert one.equals(python)
+    blocks = [(b"".join(messages[i : i + 700]), len(messages[i : i + 700]))
+              for i in range(0, 5000, 700)]
+    assert decode_blocks(blocks, schema, threads=2).equals(one)
+
+
+def test_native_releases_the_gil_during_a_long_decode() -> None:
+    """Another Python thread keeps running while one decode call works through a big batch."""
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "s", "type": "string"}, {"name": "a", "type": {"type": "array", "items": "long"}}]}
+    one = write(schema, [{"s": "x" * 50, "a": list(range(50))}])[0]
+    blob = one * 60_000
+    blocks = [(blob, 60_000)] * 4
+    ticks = 0
+    done = threading.Event()
+
+    def count() -> None:
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            time.sleep(0)
+
+    counter = threading.Thread(target=count)
+    counter.start()
+    try:
+        time.sleep(0.05)
+        before = ticks
+        start = time.perf_counter()
+        decode_blocks(blocks, schema, threads=1)
+        elapsed = time.perf_counter() - start
+        during = ticks - before
+    finally:
+        done.set()
+        counter.join()
+    # With the GIL held for the whole call the counter could not move at all (one switch at
+    # most when the call starts); released, it runs all along.
+    assert elapsed > 0.01
+    assert during > 50, (during, elapsed)
+
+
+def test_environment_switch_forces_the_python_decoder() -> None:
+    code = (
+        "from arrowstash.avro import codec\n"
+        "print(codec.native_available())\n"
+    )
+    env = dict(os.environ, ARROWSTASH_AVRO_NATIVE="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout.strip() == "False"
+    assert codec.native_available()
