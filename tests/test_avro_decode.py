@@ -286,6 +286,12 @@ STR_REC = {"type": "record", "name": "R", "fields": [
         ({"type": "record", "name": "R", "fields": [{"name": "a", "type": {
             "type": "map", "values": "long"}}]},
          b"\x01\x01", r"at byte 1: negative length -1 for map at a"),
+        ({"type": "record", "name": "R", "fields": [{"name": "t", "type": {
+            "type": "int", "logicalType": "time-millis"}}]},
+         b"\x01", r"at byte 0: -1 is not a time of day \(int/time-millis at t\)"),
+        ({"type": "record", "name": "R", "fields": [{"name": "t", "type": {
+            "type": "long", "logicalType": "time-micros"}}]},
+         b"\x80\x80\xbb\xdd\x83\x05", r"at byte 0: 86400000000 is not a time of day"),
         ({"type": "record", "name": "R", "fields": [{"name": "f", "type": "double"}]},
          b"\x00" * 7, r"at byte 0: truncated: double at f"),
         ({"type": "record", "name": "R", "fields": [{"name": "f", "type": {
@@ -312,6 +318,7 @@ def _zero(schema: Any) -> dict[str, Any]:
             uuid.UUID(int=5) if logical == "uuid" else decimal.Decimal(1) if logical == "decimal"
             else bytes(t["size"]) if kind == "fixed" else "A" if kind == "enum"
             else [] if kind == "array" else {} if kind == "map" else None if isinstance(t, list)
+            else 0 if logical in ("time-millis", "time-micros")
             else {"int": 0, "long": 0, "string": "", "boolean": False, "double": 0.0}[kind]
         )
     return out

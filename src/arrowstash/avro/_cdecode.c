@@ -19,7 +19,7 @@ enum { K_NULL, K_BOOL, K_INT, K_LONG, K_FLOAT, K_DOUBLE, K_BYTES, K_STRING, K_FI
 
 enum { E_TRUNCATED = 1, E_VARINT, E_INT_RANGE, E_UNION_INDEX, E_NEGATIVE, E_UTF8, E_TRAILING,
        E_BOOL, E_ENUM, E_UUID, E_DECIMAL, E_DURATION, E_BLOCK_COUNT, E_TOO_LARGE,
-       E_CONFLUENT_SHORT, E_CONFLUENT_MAGIC, E_NULL_MESSAGE, E_NO_MEMORY };
+       E_CONFLUENT_SHORT, E_CONFLUENT_MAGIC, E_NULL_MESSAGE, E_NO_MEMORY, E_TIME };
 
 typedef struct {
     int kind, null_branch, nchildren, null_child;
@@ -292,6 +292,7 @@ static inline __attribute__((always_inline)) int dec_value(Ctx *c, int ni, const
     case K_INT:
         if (rd_long(c, &p, ni, &v)) return -1;
         if (v < INT32_MIN || v > INT32_MAX) return fail(c, E_INT_RANGE, *pp, ni, v);
+        if (n->param && (v < 0 || v >= n->param)) return fail(c, E_TIME, *pp, ni, v);
         if (buf_i32(&col->data, (int32_t)v)) return oom(c, *pp, ni);
         break;
     case K_ENUM:
@@ -301,6 +302,7 @@ static inline __attribute__((always_inline)) int dec_value(Ctx *c, int ni, const
         break;
     case K_LONG:
         if (rd_long(c, &p, ni, &v)) return -1;
+        if (n->param && (v < 0 || v >= n->param)) return fail(c, E_TIME, *pp, ni, v);
         if (buf_put(&col->data, &v, 8)) return oom(c, *pp, ni);
         break;
     case K_FLOAT: case K_DOUBLE: case K_FIXED: {

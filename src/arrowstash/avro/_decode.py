@@ -151,6 +151,8 @@ class _Builder:
                 raise DecodeFailure(3, pos, i, v)
             if kind == P.ENUM and not 0 <= v < limit:
                 raise DecodeFailure(9, pos, i, v)
+            if kind != P.ENUM and limit and not 0 <= v < limit:  # a time of day
+                raise DecodeFailure(19, pos, i, v)
             data.extend(v.to_bytes(width, "little", signed=True))
             col.length += 1
             return end

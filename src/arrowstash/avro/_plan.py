@@ -55,7 +55,10 @@ ERRORS = {
     16: "Confluent magic byte is {detail}, not 0",
     17: "message is null",
     18: "out of memory",
+    19: "{detail} is not a time of day ({what})",
 }
+# Exclusive upper bounds of the time-of-day logical types (``param`` of their INT/LONG nodes).
+_TIME_BOUNDS = {"time-millis": 86_400_000, "time-micros": 86_400_000_000}
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,7 @@ def _compile(t: AvroType, path: str, nodes: list[Node | None]) -> int:
             kind, param, precision = DEC_BYTES, atype.byte_width, atype.precision
         else:
             kind = _SIMPLE[t.type]
+            param = _TIME_BOUNDS.get(lt or "", 0)
     elif isinstance(t, Fixed):
         kind, param = FIXED, t.size
         if t.logical_type == "decimal":
@@ -200,7 +204,7 @@ def error_message(
     )
     n = plan.nodes[node]
     text = ERRORS[code].format(what=n.what, detail=detail)
-    if code == 3 or code == 8 or code == 12:
+    if code in (3, 8, 12):
         text += f" at {n.path}" if n.path else ""
     return f"{where}: {text}"
 
