@@ -10,9 +10,13 @@ import pyarrow as pa
 
 from arrowstash.errors import SerializationError
 from arrowstash.serializers._batches import Source, label_codec, rebatch, rows_per_batch
+from arrowstash.serializers._plain_pandas import plain_source, to_frame
 
 
 def from_pandas(df: Any, batch_bytes: int, split: bool) -> Source:
+    plain = plain_source(df)
+    if plain is not None:
+        return plain
     if not df.columns.is_unique:
         duplicated = sorted({repr(c) for c in df.columns[df.columns.duplicated()]})
         raise SerializationError(f"duplicate column labels {', '.join(duplicated)}")
@@ -167,6 +171,8 @@ def _is_na(value: Any) -> bool:
 
 
 def to_pandas(table: pa.Table, meta: dict[str, Any], sections: Sequence[memoryview]) -> Any:
+    if "plain" in meta:
+        return to_frame(table, meta["plain"], sections)
     table, owned = _owned_arrays(table, sections)
     df = _writable_frame(table.to_pandas(split_blocks=True), sections, owned)
     return _restore_pandas(df, meta) if meta else df
