@@ -34,6 +34,13 @@ class AsyncCachedFunction(CachedFunction):
             return value
         key = core.key(digest)
         value = await asyncio.to_thread(core.backend_get, key)
+        return await self._miss(key, value, args, kwargs, started)
+
+    async def _miss(self, key: Key, value: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    started: float) -> Any:
+        """After the first look: ``value`` is what it found, or MISSING, or UNREACHABLE."""
+        core = self._core
+        digest = key.digest
         if value is UNREACHABLE:
             value = await core.func(*args, **kwargs)
             await asyncio.to_thread(core.store, key, value, False)

@@ -24,6 +24,7 @@ from arrowstash.entry import (
     signature_valid,
 )
 from arrowstash.errors import BackendError, CorruptEntryError, SerializationError
+from arrowstash.freshness import Freshness
 from arrowstash.keys import KeyMaker
 from arrowstash.l1 import L1, L1Item, copier, frozen_size
 from arrowstash.logs import EventLog
@@ -41,6 +42,8 @@ DEFAULT: Any = _Default()
 MISSING: Any = object()
 #: A first look that found the backend failing: the call computes without it (one timeout).
 UNREACHABLE: Any = object()
+_ABSENT = (MISSING, 0.0)
+_DOWN = (UNREACHABLE, 0.0)
 
 
 @dataclass(frozen=True)
@@ -61,12 +64,13 @@ class _Stats:
     """Counters; hits of the shells' fast L1 path are kept apart (one increment per hit)."""
 
     __slots__ = ("bytes_read", "bytes_stored", "error_kinds", "errors", "fast_hits", "fast_time",
-                 "hit_time", "hits", "l1_hits", "miss_time", "misses", "stores")
+                 "hit_time", "hits", "l1_hits", "miss_time", "misses", "refreshes", "stores")
 
     def __init__(self) -> None:
         self.hits = self.misses = self.l1_hits = self.errors = self.bytes_stored = 0
         self.fast_hits = 0
         self.stores = self.bytes_read = 0  # backend traffic, for arrowstash.metrics
+        self.refreshes = 0  # background refreshes that stored a new value
         self.hit_time = self.miss_time = self.fast_time = 0.0
         self.error_kinds: dict[str, int] = {}  # errors by kind (see arrowstash.logs)
 
@@ -123,6 +127,8 @@ class Core:
         secret: str | bytes | None,
         encrypt: bool | None = None,
         encryption_key: KeySpec | None = None,
+        stale_ttl: float | dt.timedelta | None = None,
+        refresh_ahead: float | None = None,
     ) -> None:
         if isinstance(ttl, dt.timedelta):
             ttl = ttl.total_seconds()
@@ -137,6 +143,9 @@ class Core:
         self.func = func
         self.name = f"{func.__module__}.{func.__qualname__}"
         self.ttl = ttl
+        self.freshness = Freshness.of(ttl, stale_ttl, refresh_ahead)
+        #: how long entries are kept: past ``ttl`` while they may still be served stale
+        self.lifetime = ttl if self.freshness is None else self.freshness.lifetime
         self.namespace = namespace
         self.keys = KeyMaker(func, f"{self.name}\0{namespace}\0{version}\0", ignore, key)
         self.backend = backends.default_backend() if backend is DEFAULT else backend
@@ -184,17 +193,21 @@ class Core:
 
         With ``report`` (a call's first look) failures are logged and counted, and a failing
         backend gives UNREACHABLE, so that the call spends no more time on it."""
+        return self.backend_entry(key, report)[0]
+
+    def backend_entry(self, key: Key, report: bool = True) -> tuple[Any, float]:
+        """backend_get's value, and when its entry expires (0.0: never)."""
         if self.backend is None:
-            return MISSING
+            return _ABSENT
         try:
             stored = self.backend.get(key)
         except BackendError as exc:
             if not report:
-                return MISSING
+                return _ABSENT
             self._failed("backend_read", "backend read failed", key, exc)
-            return UNREACHABLE
+            return _DOWN
         if stored is None:
-            return MISSING
+            return _ABSENT
         try:
             fingerprint = stored.fingerprint
             known = self._parsed.get(fingerprint) if fingerprint else None
@@ -208,7 +221,7 @@ class Core:
                     self._parsed[fingerprint] = entry._replace(sections=[])
             expires = entry.header.expires
             if expires and expires <= time.time():
-                return MISSING
+                return _ABSENT
             sealed = bool(entry.header.flags & FLAG_ENCRYPTED)
             if sealed or self.keyring is not None:
                 entry = self._decrypt(entry, sealed)
@@ -218,18 +231,18 @@ class Core:
             value = decoder.decode(entry.meta, entry.sections)
         except (CorruptEntryError, SerializationError) as exc:
             if not report:
-                return MISSING
+                return _ABSENT
             self.error("corrupt_entry", "unreadable cache entry, recomputing", key, exc)
-            return MISSING
+            return _ABSENT
         self.stats.bytes_read += stored.data.nbytes
         if self.l1 is not None and not stored.mapped:
             self._l1_put(key.digest, value, entry.serializer, entry.meta, entry.sections,
-                         entry.header.expires)
-        return value
+                         expires)
+        return value, expires
 
     def store(self, key: Key, value: Any, to_backend: bool = True) -> None:
         created = time.time()
-        expires = created + self.ttl if self.ttl is not None else 0.0
+        expires = created + self.lifetime if self.lifetime is not None else 0.0
         try:
             encoded = self.serializer.encode(value)
             encoded.encrypt_with = self.keyring  # authenticated: no signature needed then

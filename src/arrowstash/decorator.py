@@ -94,12 +94,18 @@ class CachedFunction:
             return value
         key = core.key(digest)
         value = core.backend_get(key)
-        if value is UNREACHABLE:
-            return self._compute(key, args, kwargs, started, to_backend=False)
-        if value is not MISSING:
+        if value is not MISSING and value is not UNREACHABLE:
             core.record_hit(started, False)
             return value
-        with core.flights.hold(digest) as waited:
+        return self._miss(key, value, args, kwargs, started)
+
+    def _miss(self, key: Key, first: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+              started: float) -> Any:
+        """After a first look that found nothing (``first``: MISSING or UNREACHABLE)."""
+        core = self._core
+        if first is UNREACHABLE:
+            return self._compute(key, args, kwargs, started, to_backend=False)
+        with core.flights.hold(key.digest) as waited:
             if waited:  # another thread may have stored it while we waited
                 value = self._lookup(key)
                 if value is not MISSING:
@@ -190,6 +196,8 @@ def cache(
     secret: str | bytes | None = ...,
     encrypt: bool | None = ...,
     encryption_key: KeySpec | None = ...,
+    stale_ttl: float | dt.timedelta | None = ...,
+    refresh_ahead: float | None = ...,
 ) -> Callable[[F], F]: ...
 
 
@@ -213,6 +221,8 @@ def cache(
     secret: str | bytes | None = None,
     encrypt: bool | None = None,
     encryption_key: KeySpec | None = None,
+    stale_ttl: float | dt.timedelta | None = None,
+    refresh_ahead: float | None = None,
 ) -> Any:
     """Cache a function's results by its arguments; see docs/decorator.md.
 
@@ -223,13 +233,15 @@ def cache(
     ``strict=True``, which also raises backend failures instead of logging them. ``secret``
     (default ``ARROWSTASH_SECRET``) signs and checks entries of serializers that unpickle.
     ``encrypt=True`` encrypts entries with AES-256-GCM under ``encryption_key`` (default
-    ``ARROWSTASH_KEY``); see docs/encryption.md.
+    ``ARROWSTASH_KEY``); see docs/encryption.md. ``stale_ttl`` serves an expired value for that
+    much longer while it is recomputed in the background; ``refresh_ahead=0.8`` starts that
+    refresh at 80% of the ttl (see docs/observability.md).
     """
     options = dict(
         ttl=ttl, namespace=namespace, version=version, backend=backend, serializer=serializer,
         l1=l1, l1_max_entries=l1_max_entries, l1_max_bytes=l1_max_bytes, key=key, ignore=ignore,
         lock=lock, lock_timeout=lock_timeout, strict=strict, secret=secret, encrypt=encrypt,
-        encryption_key=encryption_key,
+        encryption_key=encryption_key, stale_ttl=stale_ttl, refresh_ahead=refresh_ahead,
     )
 
     def decorate(f: Any) -> Any:
@@ -239,6 +251,12 @@ def cache(
             raise TypeError(f"@cache needs a function, not {type(f).__qualname__}")
         core = Core(f, **options)  # type: ignore[arg-type]
         metrics.track(core)
+        if core.freshness is not None:
+            from arrowstash._fresh import FreshAsyncCachedFunction, FreshCachedFunction
+
+            if inspect.iscoroutinefunction(f):
+                return FreshAsyncCachedFunction(core)
+            return FreshCachedFunction(core)
         if inspect.iscoroutinefunction(f):
             from arrowstash._async import AsyncCachedFunction  # asyncio only when needed
 

@@ -3,7 +3,7 @@ repeated failures rate-limited so that a dead backend cannot flood a service's l
 
 Every line goes to the ``arrowstash.cache`` logger with these ``extra=`` fields: ``event`` (the
 kind: ``corrupt_entry``, ``serialize``, ``backend_read``, ``backend_write``, ``backend_lock``,
-``lock_timeout``), ``function`` (module and qualified name), ``namespace``,
+``lock_timeout``, ``refresh``), ``function`` (module and qualified name), ``namespace``,
 ``backend`` (the backend's class name: never its URL, which may hold a password), ``key_hash``
 (the first 12 hex digits of the key's hash, enough to correlate, "" when there is no key),
 ``error`` (the exception's class name) and ``suppressed`` (similar lines left out before this one).

@@ -171,6 +171,7 @@ class _Collector:
                          ("kind",))
         read = counter("read_bytes", "Bytes of entries read from the backend on hits.")
         written = counter("written_bytes", "Bytes of entries written to the backend.")
+        refreshes = counter("refreshes", "Background refreshes run (stale_ttl, refresh_ahead).")
         hit_time = SummaryMetricFamily(
             "arrowstash_hit_duration_seconds", "Time of hits of every layer.", labels=base)
         backend_hit = histogram("backend_hit", "Time of hits served by the backend.")
@@ -192,6 +193,7 @@ class _Collector:
                 errors.add_metric([*labels, kind], count)
             read.add_metric(labels, stats.bytes_read)
             written.add_metric(labels, info.bytes_stored)
+            refreshes.add_metric(labels, stats.refreshes)
             hit_time.add_metric(labels, info.hits, info.mean_hit_latency * info.hits)
             l1_entries.add_metric(labels, info.l1_entries)
             meter: Meter | None = vars(core).get("meter")
@@ -203,8 +205,8 @@ class _Collector:
             if state is not None:
                 for name in BREAKER_STATES:
                     breaker.add_metric([*labels, name], float(state == name))
-        yield from (hits, misses, stores, errors, read, written, hit_time, backend_hit, miss,
-                    store, l1_entries, breaker)
+        yield from (hits, misses, stores, errors, read, written, refreshes, hit_time,
+                    backend_hit, miss, store, l1_entries, breaker)
 
 
 def _cumulative(hist: Histogram) -> list[tuple[str, float]]:

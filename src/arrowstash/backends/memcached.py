@@ -66,7 +66,7 @@ class MemcachedBackend:
         if not servers:
             raise ValueError("MemcachedBackend needs at least one server")
         try:
-            from pymemcache.client.base import Client
+            from pymemcache.client.base import PooledClient
             from pymemcache.client.hash import HashClient
             from pymemcache.exceptions import MemcacheError
         except ImportError as exc:
@@ -75,10 +75,12 @@ class MemcachedBackend:
             ) from exc
         self._errors = (MemcacheError, OSError)
         options: dict[str, Any] = {"timeout": socket_timeout, "connect_timeout": connect_timeout}
+        # Pooled: one connection per concurrent caller (the worker threads of async functions,
+        # background refreshes); a plain client's socket would interleave their replies.
         if len(servers) == 1:
-            self._client: Any = Client(servers[0], **options)
+            self._client: Any = PooledClient(servers[0], **options)
         else:
-            self._client = HashClient(servers, use_pooling=False, retry_attempts=0,
+            self._client = HashClient(servers, use_pooling=True, retry_attempts=0,
                                       ignore_exc=False, **options)
         self.prefix = prefix
         # Room for the key and the item header inside memcached's default 1 MiB slab.
