@@ -180,3 +180,49 @@ def test_demo_runs(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "hit" in result.stdout
     assert str(tmp_path / "demo") in result.stdout
+
+
+def test_info_shows_each_function(folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "info", f"file://{folder}")
+    assert code == 0
+    lines = [line for line in out.splitlines() if line.startswith("function    ")]
+    assert len(lines) == 3
+    fleeting = next(line for line in lines if ".fleeting:" in line)
+    assert fleeting.startswith("function    alpha/") and ": 2 entries, " in fleeting
+    assert ", 2 expired, newest " in fleeting
+
+
+@pytest.mark.parametrize("kind", [pytest.param("redis", marks=pytest.mark.redis),
+                                  pytest.param("redis_cluster", marks=pytest.mark.redis),
+                                  pytest.param("memcached", marks=pytest.mark.memcached)])
+def test_info_shows_the_server_counters(
+    kind: str, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The servers' own counters (of every client) include what these calls did."""
+    from arrowstash import backends
+
+    if kind == "redis_cluster":  # the session's cluster: its entries are cleared below
+        server = request.getfixturevalue("redis_cluster")
+    else:
+        server = request.getfixturevalue(f"{kind}_factory")()
+    backend = backends.from_url(server.url)
+
+    @cache(backend=backend, l1=False)
+    def f(x: int) -> int:
+        return x
+
+    for x in (1, 1, 1, 2):
+        f(x)
+    code, out, _ = _run(capsys, "info", server.url)
+    assert code == 0
+    [line] = [line for line in out.splitlines() if line.startswith("server      ")]
+    counters = dict(part.rsplit(" ", 1) for part in line[12:].split(" (")[0].split(", ")
+                    if not part.startswith("memory"))
+    assert int(counters["hits"]) >= 2 and int(counters["misses"]) >= 2
+    assert "breaker     closed" in out
+    if kind != "memcached":  # memcached cannot list its keys
+        assert f"function    default/{f._core.name}: 2 entries" in out  # type: ignore[attr-defined]
+    else:
+        assert int(counters["items"]) >= 2
+    f.cache_clear()
+    backend.close()  # type: ignore[attr-defined]

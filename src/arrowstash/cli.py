@@ -69,6 +69,22 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"namespace   {namespace}: {count} entries, {human_size(size)}")
     by_ser = Counter(e.serializer for e in entries)
     print("serializers " + ", ".join(f"{k}: {v}" for k, v in sorted(by_ser.items())))
+    by_fn = Counter((e.namespace, e.function) for e in entries)
+    for (namespace, function), count in sorted(by_fn.items()):
+        mine = [e for e in entries if (e.namespace, e.function) == (namespace, function)]
+        expired = sum(0 < e.expires <= now for e in mine)
+        print(f"function    {namespace}/{function}: {count} entries, "
+              f"{human_size(sum(e.size for e in mine))}, {expired} expired, "
+              f"newest {human_age(now - max(e.created for e in mine))} old")
+    if "breaker" in stats:
+        print(f"breaker     {stats['breaker']}")
+    server = stats.get("server")
+    if server:  # the server's own counters, of every client
+        hits, misses = server.get("hits", 0), server.get("misses", 0)
+        ratio = f" ({hits / (hits + misses):.1%} hits)" if hits + misses else ""
+        print("server      " + ", ".join(
+            f"{name} {human_size(value) if name == 'memory' else value}"
+            for name, value in server.items()) + ratio)
     return 0
 
 

@@ -198,7 +198,17 @@ class MemcachedBackend:
 
     def stats(self) -> dict[str, Any]:
         return {"backend": "memcached", "url": self.url, "entries": 0, "bytes": 0,
-                "breaker": self.breaker.state}
+                "breaker": self.breaker.state, "server": self._server_counters()}
+
+    def _server_counters(self) -> dict[str, int]:
+        """The servers' own counters (of every client, not only ours), summed."""
+        clients = getattr(self._client, "clients", None)
+        with self._call("stats"):
+            nodes = [c.stats() for c in clients.values()] if clients else [self._client.stats()]
+        fields = {"hits": b"get_hits", "misses": b"get_misses", "evicted": b"evictions",
+                  "items": b"curr_items", "memory": b"bytes"}
+        return {name: sum(int(node.get(field, node.get(field.decode(), 0))) for node in nodes)
+                for name, field in fields.items()}
 
     @contextlib.contextmanager
     def lock(self, key: Key, timeout: float) -> Iterator[Held]:

@@ -48,6 +48,12 @@ return 0
 """
 
 
+#: What ``arrowstash info`` shows of the server: our name -> the INFO field.
+_SERVER_COUNTERS = {"hits": "keyspace_hits", "misses": "keyspace_misses",
+                    "evicted": "evicted_keys", "expired": "expired_keys",
+                    "memory": "used_memory"}
+
+
 def _part(name: str) -> str:
     """A key component that cannot be confused with the separators or the hash tag."""
     return (name.replace("%", "%25").replace(":", "%3A").replace("{", "%7B")
@@ -250,7 +256,17 @@ class RedisBackend:
         entries = list(self.entries())
         return {"backend": "redis", "url": self.url, "cluster": self.cluster,
                 "entries": len(entries), "bytes": sum(e.size for e in entries),
-                "breaker": self.breaker.state}
+                "breaker": self.breaker.state, "server": self._server_counters()}
+
+    def _server_counters(self) -> dict[str, int]:
+        """The server's own counters (of every client, not only ours), summed over nodes."""
+        with self._call("info"):
+            if self.cluster:  # one answer per primary
+                nodes = list(self._client.info(target_nodes=self._client.PRIMARIES).values())
+            else:
+                nodes = [self._client.info()]
+        return {name: sum(int(node.get(field, 0)) for node in nodes)
+                for name, field in _SERVER_COUNTERS.items()}
 
     @contextlib.contextmanager
     def lock(self, key: Key, timeout: float) -> Iterator[Held]:
