@@ -21,26 +21,36 @@ enum { E_TRUNCATED = 1, E_VARINT, E_INT_RANGE, E_UNION_INDEX, E_NEGATIVE, E_UTF8
        E_BOOL, E_ENUM, E_UUID, E_DECIMAL, E_DURATION, E_BLOCK_COUNT, E_TOO_LARGE,
        E_CONFLUENT_SHORT, E_CONFLUENT_MAGIC, E_NULL_MESSAGE, E_NO_MEMORY, E_TIME };
 
-typedef struct {
-    int kind, null_branch, nchildren, null_child;
+struct Ctx;
+struct Col;
+struct Node;
+/* Decodes one value of node n into its column; a function per kind keeps each one small. */
+typedef int (*DecFn)(struct Ctx *c, const struct Node *n, struct Col *col, const uint8_t **pp);
+
+typedef struct Node {
+    int kind, null_branch, nchildren, null_child, index;
     int64_t param, size, min_size, item_min;
     int *children;
-    uint8_t limit[32]; /* decimals: 10**precision, little-endian, param bytes */
-    int has_limit;
+    struct Node **kids; /* the children as pointers */
+    DecFn fn;           /* the value */
+    DecFn entry;        /* fn, or the ["null", T] wrapper around it */
+    uint8_t limit[32];  /* decimals: 10**precision, little-endian, param bytes */
 } Node;
 
 typedef struct { uint8_t *p; size_t len, cap; } Buf;
 
-typedef struct {
+typedef struct Col {
     Buf valid, data, offs, tids; /* validity bits, values (or bits), int32 offsets, int8 ids */
     int64_t length, nulls;
 } Col;
 
 typedef struct { const uint8_t *ptr; int64_t len, count; } Seg; /* len < 0: a null message */
 
-typedef struct {
+typedef struct Ctx {
     const Node *nodes;
     int nnodes, validate_utf8, confluent;
+    int strict_utf8; /* check each string as it is read (else whole columns after the range) */
+    int utf8_bad;    /* the check after the range found invalid UTF-8 */
     Col *cols;
     const uint8_t *start, *end;
     const Seg *segs;
@@ -237,8 +247,6 @@ static int convert_decimal(const Node *n, const uint8_t *src, int64_t len, uint8
 
 /* -- the walk ------------------------------------------------------------------------------ */
 
-static int dec(Ctx *c, int ni, const uint8_t **pp);
-
 /* A slot with no value: a null, or a child of a null record. Same as _decode.py's empties. */
 static int empty(Ctx *c, int ni) {
     const Node *n = &c->nodes[ni];
@@ -275,154 +283,270 @@ static int empty(Ctx *c, int ni) {
     return r;
 }
 
-static inline __attribute__((always_inline)) int dec_value(Ctx *c, int ni, const uint8_t **pp) {
-    const Node *n = &c->nodes[ni];
-    Col *col = &c->cols[ni];
-    const uint8_t *p = *pp, *end = c->end;
+#define CHILD(c, kid) (kid)->entry((c), (kid), &(c)->cols[(kid)->index], pp)
+
+static int d_null(Ctx *c, const Node *n, Col *col, const uint8_t **pp) {
+    col->length++;
+    return 0;
+}
+
+static int d_bool(Ctx *c, const Node *n, Col *col, const uint8_t **pp) {
+    const uint8_t *p = *pp;
+    if (p >= c->end) return fail(c, E_TRUNCATED, p, n->index, 0);
+    if (*p > 1) return fail(c, E_BOOL, p, n->index, *p);
+    if (bit_put(&col->data, col->length, *p)) return oom(c, p, n->index);
+    col->length++;
+    *pp = p + 1;
+    return 0;
+}
+
+static int d_int(Ctx *c, const Node *n, Col *col, const uint8_t **pp) {
+    const uint8_t *p = *pp;
     int64_t v;
-    switch (n->kind) {
-    case K_NULL:
-        break;
-    case K_BOOL:
-        if (p >= end) return fail(c, E_TRUNCATED, p, ni, 0);
-        if (*p > 1) return fail(c, E_BOOL, p, ni, *p);
-        if (bit_put(&col->data, col->length, *p)) return oom(c, p, ni);
-        p++;
-        break;
-    case K_INT:
-        if (rd_long(c, &p, ni, &v)) return -1;
-        if (v < INT32_MIN || v > INT32_MAX) return fail(c, E_INT_RANGE, *pp, ni, v);
-        if (n->param && (v < 0 || v >= n->param)) return fail(c, E_TIME, *pp, ni, v);
-        if (buf_i32(&col->data, (int32_t)v)) return oom(c, *pp, ni);
-        break;
-    case K_ENUM:
-        if (rd_long(c, &p, ni, &v)) return -1;
-        if (v < 0 || v >= n->param) return fail(c, E_ENUM, *pp, ni, v);
-        if (buf_i32(&col->data, (int32_t)v)) return oom(c, *pp, ni);
-        break;
-    case K_LONG:
-        if (rd_long(c, &p, ni, &v)) return -1;
-        if (n->param && (v < 0 || v >= n->param)) return fail(c, E_TIME, *pp, ni, v);
-        if (buf_put(&col->data, &v, 8)) return oom(c, *pp, ni);
-        break;
-    case K_FLOAT: case K_DOUBLE: case K_FIXED: {
-        int64_t size = n->kind == K_FLOAT ? 4 : n->kind == K_DOUBLE ? 8 : n->param;
-        if (end - p < size) return fail(c, E_TRUNCATED, p, ni, 0);
-        if (buf_put(&col->data, p, (size_t)size)) return oom(c, p, ni);
-        p += size;
-        break;
-    }
-    case K_DURATION: {
-        if (end - p < 12) return fail(c, E_TRUNCATED, p, ni, 0);
-        uint32_t months, days, millis;
-        memcpy(&months, p, 4);
-        memcpy(&days, p + 4, 4);
-        memcpy(&millis, p + 8, 4);
-        if (months > INT32_MAX) return fail(c, E_DURATION, p, ni, months);
-        if (days > INT32_MAX) return fail(c, E_DURATION, p, ni, days);
-        int64_t nanos = (int64_t)millis * 1000000;
-        if (buf_put(&col->data, p, 8) || buf_put(&col->data, &nanos, 8)) return oom(c, p, ni);
-        p += 12;
-        break;
-    }
-    case K_DEC_FIXED: {
-        if (end - p < n->size) return fail(c, E_TRUNCATED, p, ni, 0);
-        if (buf_reserve(&col->data, (size_t)n->param)) return oom(c, p, ni);
-        if (convert_decimal(n, p, n->size, col->data.p + col->data.len))
-            return fail(c, E_DECIMAL, p, ni, 0);
-        col->data.len += (size_t)n->param;
-        p += n->size;
-        break;
-    }
-    case K_BYTES: case K_STRING: case K_UUID_STR: case K_DEC_BYTES: {
-        if (rd_long(c, &p, ni, &v)) return -1;
-        if (v < 0) return fail(c, E_NEGATIVE, *pp, ni, v);
-        if (v > end - p) return fail(c, E_TRUNCATED, *pp, ni, 0);
-        if (n->kind == K_UUID_STR) {
-            if (buf_reserve(&col->data, 16)) return oom(c, *pp, ni);
-            if (v != 36 || parse_uuid(p, col->data.p + col->data.len))
-                return fail(c, E_UUID, *pp, ni, 0);
-            col->data.len += 16;
-        } else if (n->kind == K_DEC_BYTES) {
-            if (buf_reserve(&col->data, (size_t)n->param)) return oom(c, *pp, ni);
-            if (convert_decimal(n, p, v, col->data.p + col->data.len))
-                return fail(c, E_DECIMAL, *pp, ni, 0);
-            col->data.len += (size_t)n->param;
-        } else {
-            if (n->kind == K_STRING && c->validate_utf8 && !utf8_ok(p, (size_t)v))
-                return fail(c, E_UTF8, *pp, ni, 0);
-            if (buf_put(&col->data, p, (size_t)v)) return oom(c, *pp, ni);
-            if (col->data.len > INT32_MAX) return fail(c, E_TOO_LARGE, *pp, ni, 0);
-            if (buf_i32(&col->offs, (int32_t)col->data.len)) return oom(c, *pp, ni);
-        }
-        p += v;
-        break;
-    }
-    case K_RECORD:
-        for (int k = 0; k < n->nchildren; k++)
-            if (dec(c, n->children[k], &p)) return -1;
-        break;
-    case K_ARRAY: case K_MAP: {
-        Col *first = &c->cols[n->children[0]];
-        for (;;) {
-            const uint8_t *start = p;
-            if (rd_long(c, &p, ni, &v)) return -1;
-            if (v == 0) break;
-            uint64_t count = (uint64_t)v;
-            if (v < 0) {
-                count = 0 - (uint64_t)v;
-                const uint8_t *size_start = p;
-                int64_t size;
-                if (rd_long(c, &p, ni, &size)) return -1;
-                if (size < 0) return fail(c, E_NEGATIVE, size_start, ni, size);
-            }
-            if (n->item_min && count > (uint64_t)(end - p) / (uint64_t)n->item_min) {
-                fail(c, E_BLOCK_COUNT, start, ni, 0);
-                c->err_detail = (int64_t)count;
-                c->err_unsigned = 1;
-                return -1;
-            }
-            if (count > (uint64_t)(INT32_MAX - first->length))
-                return fail(c, E_TOO_LARGE, start, ni, 0);
-            for (uint64_t i = 0; i < count; i++)
-                for (int k = 0; k < n->nchildren; k++)
-                    if (dec(c, n->children[k], &p)) return -1;
-        }
-        if (buf_i32(&col->offs, (int32_t)first->length)) return oom(c, p, ni);
-        break;
-    }
-    case K_UNION: {
-        if (rd_long(c, &p, ni, &v)) return -1;
-        if (v < 0 || v >= n->nchildren) return fail(c, E_UNION_INDEX, *pp, ni, v);
-        int8_t tid = (int8_t)v;
-        Col *child = &c->cols[n->children[v]];
-        if (buf_put(&col->tids, &tid, 1) || buf_i32(&col->offs, (int32_t)child->length))
-            return oom(c, *pp, ni);
-        col->length++;
-        *pp = p;
-        return dec(c, n->children[v], pp);
-    }
-    }
+    if (rd_long(c, &p, n->index, &v)) return -1;
+    if (v < INT32_MIN || v > INT32_MAX) return fail(c, E_INT_RANGE, *pp, n->index, v);
+    if (n->param && (v < 0 || v >= n->param)) return fail(c, E_TIME, *pp, n->index, v);
+    if (buf_i32(&col->data, (int32_t)v)) return oom(c, *pp, n->index);
     col->length++;
     *pp = p;
     return 0;
 }
 
-static int dec(Ctx *c, int ni, const uint8_t **pp) {
-    const Node *n = &c->nodes[ni];
-    if (n->null_branch >= 0) {
-        Col *col = &c->cols[ni];
-        const uint8_t *start = *pp;
-        int64_t idx;
-        if (rd_long(c, pp, ni, &idx)) return -1;
-        if (idx == n->null_branch) {
-            if (empty(c, ni)) return oom(c, start, ni);
-            return 0;
-        }
-        if (idx != 1 - n->null_branch) return fail(c, E_UNION_INDEX, start, ni, idx);
-        if (bit_put(&col->valid, col->length, 1)) return oom(c, start, ni);
+static int d_enum(Ctx *c, const Node *n, Col *col, const uint8_t **pp) {
+    const uint8_t *p = *pp;
+    int64_t v;
+    if (rd_long(c, &p, n->index, &v)) return -1;
+    if (v < 0 || v >= n->param) return fail(c, E_ENUM, *pp, n->index, v);
+    if (buf_i32(&col->data, (int32_t)v)) return oom(c, *pp, n->index);
+    col->length++;
+    *pp = p;
+    return 0;
+}
+
+static int d_long(Ctx *c, const Node *n, Col *col, const uint8_t **pp) {
+    const uint8_t *p = *pp;
+    int64_t v;
+    if (rd_long(c, &p, n->index, &v)) return -1;
+    if (n->param && (v < 0 || v >= n->param)) return fail(c, E_TIME, *pp, n->index, v);
+    if (buf_reserve(&col->data, 8)) return oom(c, *pp, n->index);
+    memcpy(col->data.p + col->data.len, &v, 8);
+    col->data.len += 8;
+    col->length++;
+    *pp = p;
+    return 0;
+}
+
+static int d_sized(Ctx *c, const Node *n, Col *col, const uint8_t **pp) { /* float, double, fixed */
+    const uint8_t *p = *pp;
+    int64_t size = n->size;
+    if (c->end - p < size) return fail(c, E_TRUNCATED, p, n->index, 0);
+    if (buf_put(&col->data, p, (size_t)size)) return oom(c, p, n->index);
+    col->length++;
+    *pp = p + size;
+    return 0;
+}
+
+static int d_duration(Ctx *c, const Node *n, Col *col, const uint8_t **pp) {
+    const uint8_t *p = *pp;
+    if (c->end - p < 12) return fail(c, E_TRUNCATED, p, n->index, 0);
+    uint32_t months, days, millis;
+    memcpy(&months, p, 4);
+    memcpy(&days, p + 4, 4);
+    memcpy(&millis, p + 8, 4);
+    if (months > INT32_MAX) return fail(c, E_DURATION, p, n->index, months);
+    if (days > INT32_MAX) return fail(c, E_DURATION, p, n->index, days);
+    int64_t nanos = (int64_t)millis * 1000000;
+    if (buf_put(&col->data, p, 8) || buf_put(&col->data, &nanos, 8)) return oom(c, p, n->index);
+    col->length++;
+    *pp = p + 12;
+    return 0;
+}
+
+static int d_dec_fixed(Ctx *c, const Node *n, Col *col, const uint8_t **pp) {
+    const uint8_t *p = *pp;
+    if (c->end - p < n->size) return fail(c, E_TRUNCATED, p, n->index, 0);
+    if (buf_reserve(&col->data, (size_t)n->param)) return oom(c, p, n->index);
+    if (convert_decimal(n, p, n->size, col->data.p + col->data.len))
+        return fail(c, E_DECIMAL, p, n->index, 0);
+    col->data.len += (size_t)n->param;
+    col->length++;
+    *pp = p + n->size;
+    return 0;
+}
+
+/* The length of a bytes-like value, checked against the data left; p moves past it. */
+static inline int rd_len(Ctx *c, const Node *n, const uint8_t **p, int64_t *len) {
+    const uint8_t *start = *p;
+    if (rd_long(c, p, n->index, len)) return -1;
+    if (*len < 0) return fail(c, E_NEGATIVE, start, n->index, *len);
+    if (*len > c->end - *p) return fail(c, E_TRUNCATED, start, n->index, 0);
+    return 0;
+}
+
+static int d_bytes(Ctx *c, const Node *n, Col *col, const uint8_t **pp) { /* bytes, string */
+    const uint8_t *p = *pp;
+    int64_t v;
+    if (rd_len(c, n, &p, &v)) return -1;
+    if (n->kind == K_STRING && c->strict_utf8 && !utf8_ok(p, (size_t)v))
+        return fail(c, E_UTF8, *pp, n->index, 0);
+    Buf *d = &col->data;
+    if (buf_reserve(d, (size_t)v + 16) || buf_reserve(&col->offs, 4)) return oom(c, *pp, n->index);
+    if (v <= 16 && c->end - p >= 16)
+        memcpy(d->p + d->len, p, 16); /* a fixed-size copy: short strings are the common case */
+    else
+        memcpy(d->p + d->len, p, (size_t)v);
+    d->len += (size_t)v;
+    if (d->len > INT32_MAX) return fail(c, E_TOO_LARGE, *pp, n->index, 0);
+    int32_t end = (int32_t)d->len;
+    memcpy(col->offs.p + col->offs.len, &end, 4);
+    col->offs.len += 4;
+    col->length++;
+    *pp = p + v;
+    return 0;
+}
+
+static int d_uuid(Ctx *c, const Node *n, Col *col, const uint8_t **pp) {
+    const uint8_t *p = *pp;
+    int64_t v;
+    if (rd_len(c, n, &p, &v)) return -1;
+    if (buf_reserve(&col->data, 16)) return oom(c, *pp, n->index);
+    if (v != 36 || parse_uuid(p, col->data.p + col->data.len))
+        return fail(c, E_UUID, *pp, n->index, 0);
+    col->data.len += 16;
+    col->length++;
+    *pp = p + v;
+    return 0;
+}
+
+static int d_dec_bytes(Ctx *c, const Node *n, Col *col, const uint8_t **pp) {
+    const uint8_t *p = *pp;
+    int64_t v;
+    if (rd_len(c, n, &p, &v)) return -1;
+    if (buf_reserve(&col->data, (size_t)n->param)) return oom(c, *pp, n->index);
+    if (convert_decimal(n, p, v, col->data.p + col->data.len))
+        return fail(c, E_DECIMAL, *pp, n->index, 0);
+    col->data.len += (size_t)n->param;
+    col->length++;
+    *pp = p + v;
+    return 0;
+}
+
+static int d_record(Ctx *c, const Node *n, Col *col, const uint8_t **pp) {
+    for (int k = 0; k < n->nchildren; k++) {
+        const Node *kid = n->kids[k];
+        if (CHILD(c, kid)) return -1;
     }
-    return dec_value(c, ni, pp);
+    col->length++;
+    return 0;
+}
+
+static int d_list(Ctx *c, const Node *n, Col *col, const uint8_t **pp) { /* array, map */
+    Col *first = &c->cols[n->children[0]];
+    for (;;) {
+        const uint8_t *start = *pp;
+        int64_t v;
+        if (rd_long(c, pp, n->index, &v)) return -1;
+        if (v == 0) break;
+        uint64_t count = (uint64_t)v;
+        if (v < 0) {
+            count = 0 - (uint64_t)v;
+            const uint8_t *size_start = *pp;
+            int64_t size;
+            if (rd_long(c, pp, n->index, &size)) return -1;
+            if (size < 0) return fail(c, E_NEGATIVE, size_start, n->index, size);
+        }
+        if (n->item_min && count > (uint64_t)(c->end - *pp) / (uint64_t)n->item_min) {
+            fail(c, E_BLOCK_COUNT, start, n->index, 0);
+            c->err_detail = (int64_t)count;
+            c->err_unsigned = 1;
+            return -1;
+        }
+        if (count > (uint64_t)(INT32_MAX - first->length))
+            return fail(c, E_TOO_LARGE, start, n->index, 0);
+        if (n->nchildren == 1) {
+            const Node *kid = n->kids[0];
+            for (uint64_t i = 0; i < count; i++)
+                if (CHILD(c, kid)) return -1;
+        } else {
+            const Node *key = n->kids[0], *val = n->kids[1];
+            for (uint64_t i = 0; i < count; i++)
+                if (CHILD(c, key) || CHILD(c, val)) return -1;
+        }
+    }
+    if (buf_i32(&col->offs, (int32_t)first->length)) return oom(c, *pp, n->index);
+    col->length++;
+    return 0;
+}
+
+static int d_union(Ctx *c, const Node *n, Col *col, const uint8_t **pp) {
+    const uint8_t *start = *pp;
+    int64_t v;
+    if (rd_long(c, pp, n->index, &v)) return -1;
+    if (v < 0 || v >= n->nchildren) return fail(c, E_UNION_INDEX, start, n->index, v);
+    int8_t tid = (int8_t)v;
+    const Node *kid = n->kids[v];
+    if (buf_put(&col->tids, &tid, 1) || buf_i32(&col->offs, (int32_t)c->cols[kid->index].length))
+        return oom(c, start, n->index);
+    col->length++;
+    return CHILD(c, kid);
+}
+
+/* ["null", T] or [T, "null"]: the branch index, then T's value or an empty slot. */
+static int d_nullable(Ctx *c, const Node *n, Col *col, const uint8_t **pp) {
+    const uint8_t *start = *pp;
+    int64_t idx;
+    if (rd_long(c, pp, n->index, &idx)) return -1;
+    if (idx == n->null_branch) return empty(c, n->index) ? oom(c, start, n->index) : 0;
+    if (idx != 1 - n->null_branch) return fail(c, E_UNION_INDEX, start, n->index, idx);
+    if (bit_put(&col->valid, col->length, 1)) return oom(c, start, n->index);
+    return n->fn(c, n, col, pp);
+}
+
+static const DecFn KIND_FN[] = {
+    [K_NULL] = d_null, [K_BOOL] = d_bool, [K_INT] = d_int, [K_LONG] = d_long,
+    [K_FLOAT] = d_sized, [K_DOUBLE] = d_sized, [K_BYTES] = d_bytes, [K_STRING] = d_bytes,
+    [K_FIXED] = d_sized, [K_ENUM] = d_enum, [K_UUID_STR] = d_uuid, [K_DEC_BYTES] = d_dec_bytes,
+    [K_DEC_FIXED] = d_dec_fixed, [K_DURATION] = d_duration, [K_RECORD] = d_record,
+    [K_ARRAY] = d_list, [K_MAP] = d_list, [K_UNION] = d_union,
+};
+
+static int all_ascii(const uint8_t *p, size_t n) {
+    uint64_t acc = 0;
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        uint64_t w[4];
+        memcpy(w, p + i, 32);
+        acc |= w[0] | w[1] | w[2] | w[3];
+    }
+    for (; i < n; i++) acc |= p[i];
+    return !(acc & 0x8080808080808080ULL);
+}
+
+/* After a range decoded without per-string checks: is every string valid UTF-8? */
+static int strings_valid(Ctx *c) {
+    for (int i = 0; i < c->nnodes; i++) {
+        if (c->nodes[i].kind != K_STRING) continue;
+        Col *col = &c->cols[i];
+        if (all_ascii(col->data.p, col->data.len)) continue;
+        const int32_t *off = (const int32_t *)col->offs.p;
+        for (int64_t k = 0; k < col->length; k++)
+            if (!utf8_ok(col->data.p + off[k], (size_t)(off[k + 1] - off[k]))) return 0;
+    }
+    return 1;
+}
+
+/* Empty buffers, offsets starting at 0: the state before a range is decoded. */
+static int reset_cols(Ctx *c) {
+    for (int i = 0; i < c->nnodes; i++) {
+        Col *col = &c->cols[i];
+        col->valid.len = col->data.len = col->offs.len = col->tids.len = 0;
+        col->length = col->nulls = 0;
+        int k = c->nodes[i].kind;
+        if ((k == K_BYTES || k == K_STRING || k == K_ARRAY || k == K_MAP) &&
+            buf_i32(&col->offs, 0))
+            return -1;
+    }
+    return 0;
 }
 
 /* After a sample of the input, grow every buffer once to what the whole range will likely
@@ -439,15 +563,16 @@ static void presize(Ctx *c, int64_t done_bytes, int64_t left_bytes) {
 }
 
 /* Decode segments [seg_begin, seg_end) into c->cols; stop at the first error. */
-static void run_segments(Ctx *c) {
+static void run_range(Ctx *c) {
     int64_t total = 0, done = 0;
-    for (int64_t s = c->seg_begin; s < c->seg_end; s++) total += c->segs[s].len > 0 ? c->segs[s].len : 0;
+    for (int64_t s = c->seg_begin; s < c->seg_end; s++)
+        total += c->segs[s].len > 0 ? c->segs[s].len : 0;
     int64_t probe = c->seg_begin + (c->seg_end - c->seg_begin) / 32;
+    const Node *root = &c->nodes[0];
     for (int64_t s = c->seg_begin; s < c->seg_end; s++) {
         if (s == probe && s > c->seg_begin) presize(c, done, total - done);
-        done += c->segs[s].len > 0 ? c->segs[s].len : 0;
         const Seg *seg = &c->segs[s];
-        int64_t datum = 0;
+        done += seg->len > 0 ? seg->len : 0;
         c->err_seg = s;
         c->err_datum = 0;
         if (seg->len < 0) {
@@ -471,15 +596,31 @@ static void run_segments(Ctx *c) {
                                   (uint32_t)p[3] << 8 | (uint32_t)p[4]);
             p += 5;
         }
-        for (datum = 0; datum < seg->count; datum++) {
+        for (int64_t datum = 0; datum < seg->count; datum++) {
             c->err_datum = datum;
-            if (dec(c, 0, &p)) return;
+            if (root->entry(c, root, &c->cols[0], &p)) return;
         }
         if (p != c->end) {
             fail(c, E_TRAILING, p, 0, c->end - p);
             return;
         }
     }
+}
+
+/* A range with UTF-8 checked after the fact; on any error or bad string, decode the range
+ * again checking each string as it is read, so the first error is the one reported. */
+static void run_segments(Ctx *c) {
+    c->strict_utf8 = 0;
+    run_range(c);
+    if (!c->validate_utf8) return;
+    if (!c->err && strings_valid(c)) return;
+    c->err = 0;
+    c->strict_utf8 = 1;
+    if (reset_cols(c)) {
+        c->err = E_NO_MEMORY;
+        return;
+    }
+    run_range(c);
 }
 
 static void *thread_main(void *arg) {
@@ -613,7 +754,10 @@ static void free_cols(Col *cols, int n) {
 
 static void free_nodes(Node *nodes, int n) {
     if (!nodes) return;
-    for (int i = 0; i < n; i++) free(nodes[i].children);
+    for (int i = 0; i < n; i++) {
+        free(nodes[i].children);
+        free(nodes[i].kids);
+    }
     free(nodes);
 }
 
@@ -636,6 +780,10 @@ static Node *parse_plan(PyObject *plan, int *nnodes) {
                               &children, &PyBytes_Type, &limit))
             goto error;
         nd->param = param, nd->size = size, nd->min_size = min_size;
+        if (nd->null_branch < -1 || nd->null_branch > 1 || param < 0 || size < 0 || min_size < 0) {
+            PyErr_SetString(PyExc_ValueError, "bad plan");
+            goto error;
+        }
         nd->nchildren = (int)PyTuple_GET_SIZE(children);
         nd->children = calloc((size_t)nd->nchildren + 1, sizeof(int));
         if (!nd->children) {
@@ -668,6 +816,22 @@ static Node *parse_plan(PyObject *plan, int *nnodes) {
     }
     for (Py_ssize_t i = 0; i < n; i++) { /* derived fields */
         Node *nd = &nodes[i];
+        nd->index = (int)i;
+        if (nd->kind < 0 || nd->kind > K_UNION) {
+            PyErr_SetString(PyExc_ValueError, "bad plan: unknown kind");
+            goto error;
+        }
+        nd->kids = calloc((size_t)nd->nchildren + 1, sizeof(Node *));
+        if (!nd->kids) {
+            PyErr_NoMemory();
+            goto error;
+        }
+        for (int k = 0; k < nd->nchildren; k++) nd->kids[k] = &nodes[nd->children[k]];
+        nd->fn = KIND_FN[nd->kind];
+        nd->entry = nd->null_branch >= 0 ? d_nullable : nd->fn;
+        if (nd->kind == K_FLOAT) nd->size = 4;
+        if (nd->kind == K_DOUBLE) nd->size = 8;
+        if (nd->kind == K_FIXED) nd->size = nd->param;
         nd->item_min = 0;
         for (int k = 0; k < nd->nchildren; k++) nd->item_min += nodes[nd->children[k]].min_size;
         if (nd->kind == K_UNION) { /* the first null branch, else branch 0 */
