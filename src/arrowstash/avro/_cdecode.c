@@ -24,14 +24,17 @@ enum { E_TRUNCATED = 1, E_VARINT, E_INT_RANGE, E_UNION_INDEX, E_NEGATIVE, E_UTF8
 struct Ctx;
 struct Col;
 struct Node;
-/* Decodes one value of node n into its column; a function per kind keeps each one small. */
-typedef int (*DecFn)(struct Ctx *c, const struct Node *n, struct Col *col, const uint8_t **pp);
+/* Decodes one value of node n at p into its column and returns the position after it, or NULL
+ * after recording an error in c; a function per kind keeps each one small. */
+typedef const uint8_t *(*DecFn)(struct Ctx *c, const struct Node *n, struct Col *col,
+                                const uint8_t *p);
 
 typedef struct Node {
     int kind, null_branch, nchildren, null_child, index;
     int64_t param, size, min_size, item_min;
     int *children;
     struct Node **kids; /* the children as pointers */
+    int *empties, nempties; /* the nodes an empty slot of this one touches, in order */
     DecFn fn;           /* the value */
     DecFn entry;        /* fn, or the ["null", T] wrapper around it */
     uint8_t limit[32];  /* decimals: 10**precision, little-endian, param bytes */
@@ -247,134 +250,127 @@ static int convert_decimal(const Node *n, const uint8_t *src, int64_t len, uint8
 
 /* -- the walk ------------------------------------------------------------------------------ */
 
-/* A slot with no value: a null, or a child of a null record. Same as _decode.py's empties. */
+/* A slot with no value: a null, or a child of a null record. Same as _decode.py's empties, with
+ * the recursion flattened into the node's precomputed list (the node, then what it holds). */
 static int empty(Ctx *c, int ni) {
-    const Node *n = &c->nodes[ni];
-    Col *col = &c->cols[ni];
-    int r = 0;
-    if (n->null_branch >= 0) {
-        if (bit_put(&col->valid, col->length, 0)) return -1;
-        col->nulls++;
+    const Node *top = &c->nodes[ni];
+    for (int e = 0; e < top->nempties; e++) {
+        const Node *n = &c->nodes[top->empties[e]];
+        Col *col = &c->cols[n->index];
+        int r = 0;
+        if (n->null_branch >= 0) {
+            if (bit_put(&col->valid, col->length, 0)) return -1;
+            col->nulls++;
+        }
+        switch (n->kind) {
+        case K_NULL: case K_RECORD: break;
+        case K_BOOL: r = bit_put(&col->data, col->length, 0); break;
+        case K_INT: case K_ENUM: case K_FLOAT: r = buf_zeros(&col->data, 4); break;
+        case K_LONG: case K_DOUBLE: r = buf_zeros(&col->data, 8); break;
+        case K_FIXED: case K_DEC_BYTES: case K_DEC_FIXED:
+            r = buf_zeros(&col->data, (size_t)n->param);
+            break;
+        case K_UUID_STR: case K_DURATION: r = buf_zeros(&col->data, 16); break;
+        case K_BYTES: case K_STRING: r = buf_i32(&col->offs, (int32_t)col->data.len); break;
+        case K_ARRAY: case K_MAP:
+            r = buf_i32(&col->offs, (int32_t)c->cols[n->children[0]].length);
+            break;
+        case K_UNION: { /* the null branch (or branch 0) gets the empty value, next in the list */
+            int8_t tid = (int8_t)n->null_child;
+            r = buf_put(&col->tids, &tid, 1);
+            if (!r) r = buf_i32(&col->offs, (int32_t)c->cols[n->children[tid]].length);
+            break;
+        }
+        }
+        if (r) return -1;
+        col->length++;
     }
-    switch (n->kind) {
-    case K_NULL: break;
-    case K_BOOL: r = bit_put(&col->data, col->length, 0); break;
-    case K_INT: case K_ENUM: case K_FLOAT: r = buf_zeros(&col->data, 4); break;
-    case K_LONG: case K_DOUBLE: r = buf_zeros(&col->data, 8); break;
-    case K_FIXED: case K_DEC_BYTES: case K_DEC_FIXED: r = buf_zeros(&col->data, (size_t)n->param); break;
-    case K_UUID_STR: case K_DURATION: r = buf_zeros(&col->data, 16); break;
-    case K_BYTES: case K_STRING: r = buf_i32(&col->offs, (int32_t)col->data.len); break;
-    case K_RECORD:
-        for (int k = 0; k < n->nchildren && !r; k++) r = empty(c, n->children[k]);
-        break;
-    case K_ARRAY: case K_MAP:
-        r = buf_i32(&col->offs, (int32_t)c->cols[n->children[0]].length);
-        break;
-    case K_UNION: {
-        int b = n->null_child;
-        int8_t tid = (int8_t)b;
-        r = buf_put(&col->tids, &tid, 1);
-        if (!r) r = buf_i32(&col->offs, (int32_t)c->cols[n->children[b]].length);
-        if (!r) r = empty(c, n->children[b]);
-        break;
-    }
-    }
-    col->length++;
-    return r;
-}
-
-#define CHILD(c, kid) (kid)->entry((c), (kid), &(c)->cols[(kid)->index], pp)
-
-static int d_null(Ctx *c, const Node *n, Col *col, const uint8_t **pp) {
-    col->length++;
     return 0;
 }
 
-static int d_bool(Ctx *c, const Node *n, Col *col, const uint8_t **pp) {
-    const uint8_t *p = *pp;
-    if (p >= c->end) return fail(c, E_TRUNCATED, p, n->index, 0);
-    if (*p > 1) return fail(c, E_BOOL, p, n->index, *p);
-    if (bit_put(&col->data, col->length, *p)) return oom(c, p, n->index);
+#define CHILD(c, kid, p) (kid)->entry((c), (kid), &(c)->cols[(kid)->index], (p))
+#define FAIL(c, code, at, n, detail) (fail((c), (code), (at), (n)->index, (detail)), NULL)
+#define OOM(c, at, n) (oom((c), (at), (n)->index), NULL)
+
+static const uint8_t *d_null(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
     col->length++;
-    *pp = p + 1;
-    return 0;
+    return p;
 }
 
-static int d_int(Ctx *c, const Node *n, Col *col, const uint8_t **pp) {
-    const uint8_t *p = *pp;
+static const uint8_t *d_bool(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+    if (p >= c->end) return FAIL(c, E_TRUNCATED, p, n, 0);
+    if (*p > 1) return FAIL(c, E_BOOL, p, n, *p);
+    if (bit_put(&col->data, col->length, *p)) return OOM(c, p, n);
+    col->length++;
+    return p + 1;
+}
+
+static const uint8_t *d_int(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+    const uint8_t *start = p;
     int64_t v;
-    if (rd_long(c, &p, n->index, &v)) return -1;
-    if (v < INT32_MIN || v > INT32_MAX) return fail(c, E_INT_RANGE, *pp, n->index, v);
-    if (n->param && (v < 0 || v >= n->param)) return fail(c, E_TIME, *pp, n->index, v);
-    if (buf_i32(&col->data, (int32_t)v)) return oom(c, *pp, n->index);
+    if (rd_long(c, &p, n->index, &v)) return NULL;
+    if (v < INT32_MIN || v > INT32_MAX) return FAIL(c, E_INT_RANGE, start, n, v);
+    if (n->param && (v < 0 || v >= n->param)) return FAIL(c, E_TIME, start, n, v);
+    if (buf_i32(&col->data, (int32_t)v)) return OOM(c, start, n);
     col->length++;
-    *pp = p;
-    return 0;
+    return p;
 }
 
-static int d_enum(Ctx *c, const Node *n, Col *col, const uint8_t **pp) {
-    const uint8_t *p = *pp;
+static const uint8_t *d_enum(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+    const uint8_t *start = p;
     int64_t v;
-    if (rd_long(c, &p, n->index, &v)) return -1;
-    if (v < 0 || v >= n->param) return fail(c, E_ENUM, *pp, n->index, v);
-    if (buf_i32(&col->data, (int32_t)v)) return oom(c, *pp, n->index);
+    if (rd_long(c, &p, n->index, &v)) return NULL;
+    if (v < 0 || v >= n->param) return FAIL(c, E_ENUM, start, n, v);
+    if (buf_i32(&col->data, (int32_t)v)) return OOM(c, start, n);
     col->length++;
-    *pp = p;
-    return 0;
+    return p;
 }
 
-static int d_long(Ctx *c, const Node *n, Col *col, const uint8_t **pp) {
-    const uint8_t *p = *pp;
+static const uint8_t *d_long(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+    const uint8_t *start = p;
     int64_t v;
-    if (rd_long(c, &p, n->index, &v)) return -1;
-    if (n->param && (v < 0 || v >= n->param)) return fail(c, E_TIME, *pp, n->index, v);
-    if (buf_reserve(&col->data, 8)) return oom(c, *pp, n->index);
+    if (rd_long(c, &p, n->index, &v)) return NULL;
+    if (n->param && (v < 0 || v >= n->param)) return FAIL(c, E_TIME, start, n, v);
+    if (buf_reserve(&col->data, 8)) return OOM(c, start, n);
     memcpy(col->data.p + col->data.len, &v, 8);
     col->data.len += 8;
     col->length++;
-    *pp = p;
-    return 0;
+    return p;
 }
 
-static int d_sized(Ctx *c, const Node *n, Col *col, const uint8_t **pp) { /* float, double, fixed */
-    const uint8_t *p = *pp;
-    int64_t size = n->size;
-    if (c->end - p < size) return fail(c, E_TRUNCATED, p, n->index, 0);
-    if (buf_put(&col->data, p, (size_t)size)) return oom(c, p, n->index);
+static const uint8_t *d_sized(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+    int64_t size = n->size; /* float, double, fixed */
+    if (c->end - p < size) return FAIL(c, E_TRUNCATED, p, n, 0);
+    if (buf_put(&col->data, p, (size_t)size)) return OOM(c, p, n);
     col->length++;
-    *pp = p + size;
-    return 0;
+    return p + size;
 }
 
-static int d_duration(Ctx *c, const Node *n, Col *col, const uint8_t **pp) {
-    const uint8_t *p = *pp;
-    if (c->end - p < 12) return fail(c, E_TRUNCATED, p, n->index, 0);
+static const uint8_t *d_duration(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+    if (c->end - p < 12) return FAIL(c, E_TRUNCATED, p, n, 0);
     uint32_t months, days, millis;
     memcpy(&months, p, 4);
     memcpy(&days, p + 4, 4);
     memcpy(&millis, p + 8, 4);
-    if (months > INT32_MAX) return fail(c, E_DURATION, p, n->index, months);
-    if (days > INT32_MAX) return fail(c, E_DURATION, p, n->index, days);
+    if (months > INT32_MAX) return FAIL(c, E_DURATION, p, n, months);
+    if (days > INT32_MAX) return FAIL(c, E_DURATION, p, n, days);
     int64_t nanos = (int64_t)millis * 1000000;
-    if (buf_put(&col->data, p, 8) || buf_put(&col->data, &nanos, 8)) return oom(c, p, n->index);
+    if (buf_put(&col->data, p, 8) || buf_put(&col->data, &nanos, 8)) return OOM(c, p, n);
     col->length++;
-    *pp = p + 12;
-    return 0;
+    return p + 12;
 }
 
-static int d_dec_fixed(Ctx *c, const Node *n, Col *col, const uint8_t **pp) {
-    const uint8_t *p = *pp;
-    if (c->end - p < n->size) return fail(c, E_TRUNCATED, p, n->index, 0);
-    if (buf_reserve(&col->data, (size_t)n->param)) return oom(c, p, n->index);
+static const uint8_t *d_dec_fixed(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+    if (c->end - p < n->size) return FAIL(c, E_TRUNCATED, p, n, 0);
+    if (buf_reserve(&col->data, (size_t)n->param)) return OOM(c, p, n);
     if (convert_decimal(n, p, n->size, col->data.p + col->data.len))
-        return fail(c, E_DECIMAL, p, n->index, 0);
+        return FAIL(c, E_DECIMAL, p, n, 0);
     col->data.len += (size_t)n->param;
     col->length++;
-    *pp = p + n->size;
-    return 0;
+    return p + n->size;
 }
 
-/* The length of a bytes-like value, checked against the data left; p moves past it. */
+/* The length of a bytes-like value at *p, checked against the data left; *p moves past it. */
 static inline int rd_len(Ctx *c, const Node *n, const uint8_t **p, int64_t *len) {
     const uint8_t *start = *p;
     if (rd_long(c, p, n->index, len)) return -1;
@@ -383,123 +379,119 @@ static inline int rd_len(Ctx *c, const Node *n, const uint8_t **p, int64_t *len)
     return 0;
 }
 
-static int d_bytes(Ctx *c, const Node *n, Col *col, const uint8_t **pp) { /* bytes, string */
-    const uint8_t *p = *pp;
+static const uint8_t *d_bytes(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+    const uint8_t *start = p; /* bytes and string */
     int64_t v;
-    if (rd_len(c, n, &p, &v)) return -1;
+    if (rd_len(c, n, &p, &v)) return NULL;
     if (n->kind == K_STRING && c->strict_utf8 && !utf8_ok(p, (size_t)v))
-        return fail(c, E_UTF8, *pp, n->index, 0);
-    Buf *d = &col->data;
-    if (buf_reserve(d, (size_t)v + 16) || buf_reserve(&col->offs, 4)) return oom(c, *pp, n->index);
+        return FAIL(c, E_UTF8, start, n, 0);
+    Buf *d = &col->data, *o = &col->offs;
+    if (buf_reserve(d, (size_t)v + 16) || buf_reserve(o, 4)) return OOM(c, start, n);
     if (v <= 16 && c->end - p >= 16)
         memcpy(d->p + d->len, p, 16); /* a fixed-size copy: short strings are the common case */
     else
         memcpy(d->p + d->len, p, (size_t)v);
     d->len += (size_t)v;
-    if (d->len > INT32_MAX) return fail(c, E_TOO_LARGE, *pp, n->index, 0);
+    if (d->len > INT32_MAX) return FAIL(c, E_TOO_LARGE, start, n, 0);
     int32_t end = (int32_t)d->len;
-    memcpy(col->offs.p + col->offs.len, &end, 4);
-    col->offs.len += 4;
+    memcpy(o->p + o->len, &end, 4);
+    o->len += 4;
     col->length++;
-    *pp = p + v;
-    return 0;
+    return p + v;
 }
 
-static int d_uuid(Ctx *c, const Node *n, Col *col, const uint8_t **pp) {
-    const uint8_t *p = *pp;
+static const uint8_t *d_uuid(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+    const uint8_t *start = p;
     int64_t v;
-    if (rd_len(c, n, &p, &v)) return -1;
-    if (buf_reserve(&col->data, 16)) return oom(c, *pp, n->index);
-    if (v != 36 || parse_uuid(p, col->data.p + col->data.len))
-        return fail(c, E_UUID, *pp, n->index, 0);
+    if (rd_len(c, n, &p, &v)) return NULL;
+    if (buf_reserve(&col->data, 16)) return OOM(c, start, n);
+    if (v != 36 || parse_uuid(p, col->data.p + col->data.len)) return FAIL(c, E_UUID, start, n, 0);
     col->data.len += 16;
     col->length++;
-    *pp = p + v;
-    return 0;
+    return p + v;
 }
 
-static int d_dec_bytes(Ctx *c, const Node *n, Col *col, const uint8_t **pp) {
-    const uint8_t *p = *pp;
+static const uint8_t *d_dec_bytes(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+    const uint8_t *start = p;
     int64_t v;
-    if (rd_len(c, n, &p, &v)) return -1;
-    if (buf_reserve(&col->data, (size_t)n->param)) return oom(c, *pp, n->index);
-    if (convert_decimal(n, p, v, col->data.p + col->data.len))
-        return fail(c, E_DECIMAL, *pp, n->index, 0);
+    if (rd_len(c, n, &p, &v)) return NULL;
+    if (buf_reserve(&col->data, (size_t)n->param)) return OOM(c, start, n);
+    if (convert_decimal(n, p, v, col->data.p + col->data.len)) return FAIL(c, E_DECIMAL, start, n, 0);
     col->data.len += (size_t)n->param;
     col->length++;
-    *pp = p + v;
-    return 0;
+    return p + v;
 }
 
-static int d_record(Ctx *c, const Node *n, Col *col, const uint8_t **pp) {
-    for (int k = 0; k < n->nchildren; k++) {
-        const Node *kid = n->kids[k];
-        if (CHILD(c, kid)) return -1;
-    }
+static const uint8_t *d_record(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+    Node *const *kid = n->kids, *const *last = n->kids + n->nchildren;
+    for (; kid < last; kid++)
+        if (!(p = CHILD(c, *kid, p))) return NULL;
     col->length++;
-    return 0;
+    return p;
 }
 
-static int d_list(Ctx *c, const Node *n, Col *col, const uint8_t **pp) { /* array, map */
-    Col *first = &c->cols[n->children[0]];
+static const uint8_t *d_list(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+    Col *first = &c->cols[n->children[0]]; /* array and map */
     for (;;) {
-        const uint8_t *start = *pp;
+        const uint8_t *start = p;
         int64_t v;
-        if (rd_long(c, pp, n->index, &v)) return -1;
+        if (rd_long(c, &p, n->index, &v)) return NULL;
         if (v == 0) break;
-        uint64_t count = (uint64_t)v;
+        uint64_t count = (uint64_t)v, need;
         if (v < 0) {
             count = 0 - (uint64_t)v;
-            const uint8_t *size_start = *pp;
+            const uint8_t *size_start = p;
             int64_t size;
-            if (rd_long(c, pp, n->index, &size)) return -1;
-            if (size < 0) return fail(c, E_NEGATIVE, size_start, n->index, size);
+            if (rd_long(c, &p, n->index, &size)) return NULL;
+            if (size < 0) return FAIL(c, E_NEGATIVE, size_start, n, size);
         }
-        if (n->item_min && count > (uint64_t)(c->end - *pp) / (uint64_t)n->item_min) {
+        if (__builtin_mul_overflow(count, (uint64_t)n->item_min, &need) ||
+            need > (uint64_t)(c->end - p)) {
             fail(c, E_BLOCK_COUNT, start, n->index, 0);
             c->err_detail = (int64_t)count;
             c->err_unsigned = 1;
-            return -1;
+            return NULL;
         }
-        if (count > (uint64_t)(INT32_MAX - first->length))
-            return fail(c, E_TOO_LARGE, start, n->index, 0);
+        if (count > (uint64_t)(INT32_MAX - first->length)) return FAIL(c, E_TOO_LARGE, start, n, 0);
         if (n->nchildren == 1) {
             const Node *kid = n->kids[0];
             for (uint64_t i = 0; i < count; i++)
-                if (CHILD(c, kid)) return -1;
+                if (!(p = CHILD(c, kid, p))) return NULL;
         } else {
             const Node *key = n->kids[0], *val = n->kids[1];
-            for (uint64_t i = 0; i < count; i++)
-                if (CHILD(c, key) || CHILD(c, val)) return -1;
+            for (uint64_t i = 0; i < count; i++) {
+                if (!(p = CHILD(c, key, p))) return NULL;
+                if (!(p = CHILD(c, val, p))) return NULL;
+            }
         }
     }
-    if (buf_i32(&col->offs, (int32_t)first->length)) return oom(c, *pp, n->index);
+    if (buf_i32(&col->offs, (int32_t)first->length)) return OOM(c, p, n);
     col->length++;
-    return 0;
+    return p;
 }
 
-static int d_union(Ctx *c, const Node *n, Col *col, const uint8_t **pp) {
-    const uint8_t *start = *pp;
+static const uint8_t *d_union(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+    const uint8_t *start = p;
     int64_t v;
-    if (rd_long(c, pp, n->index, &v)) return -1;
-    if (v < 0 || v >= n->nchildren) return fail(c, E_UNION_INDEX, start, n->index, v);
+    if (rd_long(c, &p, n->index, &v)) return NULL;
+    if (v < 0 || v >= n->nchildren) return FAIL(c, E_UNION_INDEX, start, n, v);
     int8_t tid = (int8_t)v;
     const Node *kid = n->kids[v];
     if (buf_put(&col->tids, &tid, 1) || buf_i32(&col->offs, (int32_t)c->cols[kid->index].length))
-        return oom(c, start, n->index);
+        return OOM(c, start, n);
     col->length++;
-    return CHILD(c, kid);
+    return CHILD(c, kid, p);
 }
 
 /* ["null", T] or [T, "null"]: the branch index, then T's value or an empty slot. */
-static int d_nullable(Ctx *c, const Node *n, Col *col, const uint8_t **pp) {
-    const uint8_t *start = *pp;
+static const uint8_t *d_nullable(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+    const uint8_t *start = p;
     int64_t idx;
-    if (rd_long(c, pp, n->index, &idx)) return -1;
-    if (idx == n->null_branch) return empty(c, n->index) ? oom(c, start, n->index) : 0;
-    if (idx != 1 - n->null_branch) return fail(c, E_UNION_INDEX, start, n->index, idx);
-    if (bit_put(&col->valid, col->length, 1)) return oom(c, start, n->index);
-    return n->fn(c, n, col, pp);
+    if (rd_long(c, &p, n->index, &idx)) return NULL;
+    if (idx == n->null_branch) return empty(c, n->index) ? OOM(c, start, n) : p;
+    if (idx != 1 - n->null_branch) return FAIL(c, E_UNION_INDEX, start, n, idx);
+    if (bit_put(&col->valid, col->length, 1)) return OOM(c, start, n);
+    return n->fn(c, n, col, p);
 }
 
 static const DecFn KIND_FN[] = {
@@ -598,7 +590,7 @@ static void run_range(Ctx *c) {
         }
         for (int64_t datum = 0; datum < seg->count; datum++) {
             c->err_datum = datum;
-            if (root->entry(c, root, &c->cols[0], &p)) return;
+            if (!(p = root->entry(c, root, &c->cols[0], p))) return;
         }
         if (p != c->end) {
             fail(c, E_TRAILING, p, 0, c->end - p);
@@ -646,36 +638,43 @@ static int bits_append(Buf *dst, int64_t dst_bits, const Buf *src, int64_t nbits
     return 0;
 }
 
-/* Concatenate node ni of every thread into out (thread order = row order). */
-static int merge_node(const Node *nodes, int ni, Ctx *ctxs, int nt, Col *out) {
+/* Append node ni of threads 1.. to thread 0's buffers (thread order = row order), so only the
+ * later threads' parts are copied. Nodes must be merged parents first: a parent rebases its
+ * offsets by its children's thread-0 lengths before those children grow. */
+static int merge_node(const Node *nodes, int ni, Ctx *ctxs, int nt) {
     const Node *n = &nodes[ni];
-    memset(out, 0, sizeof *out);
-    int64_t data_base = 0;
-    int64_t child_base[256] = {0};
-    int nullable = n->null_branch >= 0;
-    if ((n->kind == K_BYTES || n->kind == K_STRING || n->kind == K_ARRAY || n->kind == K_MAP) &&
-        buf_i32(&out->offs, 0))
-        return -1;
-    for (int t = 0; t < nt; t++) {
+    Col *out = &ctxs[0].cols[ni];
+    int64_t data_base = (int64_t)out->data.len;
+    int64_t child_base[128] = {0};
+    for (int k = 0; k < n->nchildren; k++) child_base[k] = ctxs[0].cols[n->children[k]].length;
+    size_t more[4] = {0}; /* reserve once: valid, data, offs, tids */
+    for (int t = 1; t < nt; t++) {
         Col *col = &ctxs[t].cols[ni];
-        if (nullable && bits_append(&out->valid, out->length, &col->valid, col->length)) return -1;
+        more[0] += col->valid.len + 1, more[1] += col->data.len + 1;
+        more[2] += col->offs.len, more[3] += col->tids.len;
+    }
+    if (buf_reserve(&out->valid, more[0]) || buf_reserve(&out->data, more[1]) ||
+        buf_reserve(&out->offs, more[2]) || buf_reserve(&out->tids, more[3]))
+        return -1;
+    for (int t = 1; t < nt; t++) {
+        Col *col = &ctxs[t].cols[ni];
+        if (n->null_branch >= 0 && bits_append(&out->valid, out->length, &col->valid, col->length))
+            return -1;
         switch (n->kind) {
         case K_NULL: case K_RECORD: break;
         case K_BOOL:
             if (bits_append(&out->data, out->length, &col->data, col->length)) return -1;
             break;
         case K_BYTES: case K_STRING: case K_ARRAY: case K_MAP: {
-            int32_t *src = (int32_t *)col->offs.p;
-            int64_t base = (n->kind == K_BYTES || n->kind == K_STRING)
-                ? data_base : child_base[0];
-            if (base + (n->kind <= K_STRING ? (int64_t)col->data.len : 0) > INT32_MAX)
-                return -2;
-            if (buf_reserve(&out->offs, (size_t)col->length * 4)) return -1;
+            int bytes_like = n->kind == K_BYTES || n->kind == K_STRING;
+            int64_t base = bytes_like ? data_base : child_base[0];
+            if (base + (bytes_like ? (int64_t)col->data.len : 0) > INT32_MAX) return -2;
+            const int32_t *src = (const int32_t *)col->offs.p;
             int32_t *dst = (int32_t *)(out->offs.p + out->offs.len);
             for (int64_t i = 1; i <= col->length; i++) dst[i - 1] = (int32_t)(src[i] + base);
             out->offs.len += (size_t)col->length * 4;
-            if (n->kind <= K_STRING) {
-                if (col->data.len && buf_put(&out->data, col->data.p, col->data.len)) return -1;
+            if (bytes_like) {
+                if (col->data.len) buf_put(&out->data, col->data.p, col->data.len);
                 data_base += (int64_t)col->data.len;
             } else {
                 child_base[0] += ctxs[t].cols[n->children[0]].length;
@@ -684,9 +683,8 @@ static int merge_node(const Node *nodes, int ni, Ctx *ctxs, int nt, Col *out) {
             break;
         }
         case K_UNION: {
-            if (col->tids.len && buf_put(&out->tids, col->tids.p, col->tids.len)) return -1;
-            if (buf_reserve(&out->offs, (size_t)col->length * 4)) return -1;
-            int32_t *src = (int32_t *)col->offs.p;
+            if (col->tids.len) buf_put(&out->tids, col->tids.p, col->tids.len);
+            const int32_t *src = (const int32_t *)col->offs.p;
             int32_t *dst = (int32_t *)(out->offs.p + out->offs.len);
             for (int64_t i = 0; i < col->length; i++)
                 dst[i] = (int32_t)(src[i] + child_base[(int8_t)col->tids.p[i]]);
@@ -696,7 +694,7 @@ static int merge_node(const Node *nodes, int ni, Ctx *ctxs, int nt, Col *out) {
             break;
         }
         default:
-            if (col->data.len && buf_put(&out->data, col->data.p, col->data.len)) return -1;
+            if (col->data.len) buf_put(&out->data, col->data.p, col->data.len);
         }
         out->length += col->length;
         out->nulls += col->nulls;
@@ -757,8 +755,19 @@ static void free_nodes(Node *nodes, int n) {
     for (int i = 0; i < n; i++) {
         free(nodes[i].children);
         free(nodes[i].kids);
+        free(nodes[i].empties);
     }
     free(nodes);
+}
+
+/* The nodes an empty slot of node i appends to, in the order empty() must visit them. */
+static void collect_empties(const Node *nodes, int i, int *out, int *count) {
+    const Node *n = &nodes[i];
+    out[(*count)++] = i;
+    if (n->kind == K_RECORD)
+        for (int k = 0; k < n->nchildren; k++) collect_empties(nodes, n->children[k], out, count);
+    else if (n->kind == K_UNION)
+        collect_empties(nodes, n->children[n->null_child], out, count);
 }
 
 static Node *parse_plan(PyObject *plan, int *nnodes) {
@@ -842,6 +851,14 @@ static Node *parse_plan(PyObject *plan, int *nnodes) {
                     break;
                 }
         }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        nodes[i].empties = calloc((size_t)n, sizeof(int));
+        if (!nodes[i].empties) {
+            PyErr_NoMemory();
+            goto error;
+        }
+        collect_empties(nodes, (int)i, nodes[i].empties, &nodes[i].nempties);
     }
     Py_DECREF(seq);
     *nnodes = (int)n;
@@ -932,7 +949,6 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
                 failed_alloc = 1;
         }
     }
-    Col *merged = NULL;
     int merge_err = failed_alloc;
     Py_BEGIN_ALLOW_THREADS
     if (!failed_alloc) {
@@ -948,10 +964,8 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
         int any_err = 0;
         for (int t = 0; t < nthreads; t++) any_err |= ctxs[t].err != 0;
         if (!any_err && nthreads > 1) {
-            merged = calloc((size_t)nnodes, sizeof(Col));
-            if (!merged) merge_err = -1;
             for (int i = 0; i < nnodes && !merge_err; i++)
-                merge_err = merge_node(nodes, i, ctxs, nthreads, &merged[i]);
+                merge_err = merge_node(nodes, i, ctxs, nthreads);
         }
     }
     Py_END_ALLOW_THREADS
@@ -980,7 +994,7 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
         goto done;
     }
     {
-        Col *cols = nthreads > 1 ? merged : ctxs[0].cols;
+        Col *cols = ctxs[0].cols;
         PyObject *columns = PyList_New(nnodes);
         if (!columns) goto done;
         for (int i = 0; i < nnodes; i++) {
@@ -997,7 +1011,6 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
     }
 done:
     for (int t = 0; t < nthreads; t++) free_cols(ctxs[t].cols, nnodes);
-    free_cols(merged, nnodes);
     free(ctxs);
     free(ids.p);
     free_nodes(nodes, nnodes);
