@@ -116,6 +116,7 @@ def _union(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 _INT32 = st.integers(-(2**31), 2**31 - 1)
 _INT64 = st.integers(-(2**63), 2**63 - 1)
 _UTC = dt.timezone.utc
+_EXACT = decimal.Context(prec=100)  # the default 28 digits would round 40-digit values
 
 
 def values_for(t: AvroType) -> st.SearchStrategy[Any]:
@@ -139,7 +140,7 @@ def values_for(t: AvroType) -> st.SearchStrategy[Any]:
         if lt == "decimal":
             assert t.precision is not None and t.scale is not None
             digits = st.integers(-(10**t.precision) + 1, 10**t.precision - 1)
-            return digits.map(lambda v: decimal.Decimal(v).scaleb(-t.scale))
+            return digits.map(lambda v: decimal.Decimal(v).scaleb(-t.scale, _EXACT))
         return {
             "null": st.none(),
             "boolean": st.booleans(),
@@ -158,7 +159,7 @@ def values_for(t: AvroType) -> st.SearchStrategy[Any]:
         if t.logical_type == "decimal":
             assert t.precision is not None and t.scale is not None
             digits = st.integers(-(10**t.precision) + 1, 10**t.precision - 1)
-            return digits.map(lambda v: decimal.Decimal(v).scaleb(-t.scale))
+            return digits.map(lambda v: decimal.Decimal(v).scaleb(-t.scale, _EXACT))
         return st.binary(min_size=t.size, max_size=t.size)
     if isinstance(t, Array):
         return st.lists(st.deferred(lambda: values_for(t.items)), max_size=4)
