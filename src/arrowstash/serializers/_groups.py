@@ -69,18 +69,19 @@ def group_sections(table: pa.Table, groups: list[list[int]], batch_bytes: int,
     whole = [p.num_columns > 1 or p.nbytes <= batch_bytes * 1.5 for p in parts]
     # in the workers, one thread per group; with one group, Arrow's threads per buffer
     own = pa.ipc.IpcWriteOptions(compression=codec, use_threads=sum(whole) < 2)
-    futures: dict[int, Future[pa.Buffer]] = {}
+    futures: dict[int, Future[list[Any]]] = {}
 
     def start(upto: int) -> None:
         for k in range(min(upto, len(parts))):
             if whole[k] and k not in futures:
-                futures[k] = _workers().submit(_pack_and_compress, parts[k], own)
+                futures[k] = _workers().submit(_pack_and_compress, parts[k], codec, own)
 
     def section(k: int) -> Section:
         def write(sink: Any) -> None:
             start(k + 1 + AHEAD)
             if whole[k]:
-                sink.write(futures.pop(k).result())
+                for piece in futures.pop(k).result():
+                    sink.write(piece)
             else:
                 _write_sliced(parts[k], batch_bytes, sink, codec)
 
@@ -93,22 +94,43 @@ def group_sections(table: pa.Table, groups: list[list[int]], batch_bytes: int,
     return [schema, *(section(k) for k in range(len(parts)))]
 
 
-def _pack_and_compress(part: pa.Table, options: pa.ipc.IpcWriteOptions) -> pa.Buffer:
+class _Pieces:
+    """A write-only file keeping what it is given: the IPC writer hands over its compressed
+    buffers as they are, so nothing is copied or grown before the writer writes them."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self.pieces: list[Any] = []
+
+    def write(self, data: Any) -> int:
+        self.pieces.append(data)
+        return memoryview(data).nbytes
+
+    def writable(self) -> bool:
+        return True
+
+    def flush(self) -> None:
+        pass
+
+
+def _pack_and_compress(part: pa.Table, codec: pa.Codec, options: pa.ipc.IpcWriteOptions
+                       ) -> list[Any]:
     # one batch: a column's chunks are joined (strings from read_csv come in several)
-    packed = pa.table([pack_whole(c) for c in part.columns], names=part.column_names)
-    sink = pa.BufferOutputStream()
+    packed = pa.table([pack_whole(c, codec) for c in part.columns], names=part.column_names)
+    sink = _Pieces()
     write_stream(packed.schema, packed.combine_chunks().to_batches(), sink, options)
     del packed
     # hand this thread's freed pages back (mimalloc keeps them per thread otherwise, and a
     # store's peak memory would grow with every group)
     pa.default_memory_pool().release_unused()
-    return sink.getvalue()
+    return sink.pieces
 
 
 def _write_sliced(part: pa.Table, batch_bytes: int, sink: Any, codec: pa.Codec) -> None:
     options = pa.ipc.IpcWriteOptions(compression=codec, use_threads=True)
     column = part.column(0)
-    found = packer(column)
+    found = packer(column, codec)
     slices = rebatch(iter(part.to_batches()), batch_bytes)
     if found is None:
         return write_stream(part.schema, slices, sink, options)

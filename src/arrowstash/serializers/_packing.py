@@ -31,29 +31,48 @@ _UNSIGNED = (pa.uint8(), pa.uint16(), pa.uint32())
 Packer = Callable[[Any], Any]
 
 
-def pack_whole(column: pa.ChunkedArray) -> Any:
+def pack_whole(column: pa.ChunkedArray, codec: pa.Codec) -> Any:
     """``column`` packed, to be written in one batch: a dictionary's indices are as narrow as
     its size allows."""
     if _is_string(column) and _few_distinct(column):
         return _dictionary(column)
-    found = packer(column)
+    found = packer(column, codec)
     return column if found is None else found[1](column)
 
 
-def packer(column: pa.ChunkedArray) -> tuple[pa.DataType, Packer] | None:
+def packer(column: pa.ChunkedArray, codec: pa.Codec) -> tuple[pa.DataType, Packer] | None:
     """How to write ``column`` compactly in several batches: the packed type and a function
     packing a slice of it; None where it is written as it is. (Each batch of a string column
-    gets its own dictionary, so its indices are int32.)"""
+    gets its own dictionary, so its indices are int32.) Numbers are packed only where a sample
+    compresses no larger packed: narrowing an ascending id, say, hides the zero bytes that
+    made it compress well."""
     t = column.type
     if len(column) == 0 or column.null_count == len(column):
         return None
     if pa.types.is_integer(t):
-        return _narrow_integers(column)
-    if t == pa.float64() and not column.null_count and _all_float32(column):
-        return pa.float32(), _cast_to(pa.float32())
-    if _is_string(column) and _few_distinct(column):
+        target = _narrow_integers(column)
+    elif t == pa.float64() and not column.null_count and _all_float32(column):
+        target = pa.float32()
+    elif _is_string(column) and _few_distinct(column):
         return pa.dictionary(pa.int32(), t), _encode
-    return None
+    else:
+        return None
+    if target is None or not _compresses_smaller(column, target, codec):
+        return None
+    return target, _cast_to(target)
+
+
+def _compresses_smaller(column: pa.ChunkedArray, target: pa.DataType, codec: pa.Codec) -> bool:
+    sample = column.slice(0, SAMPLE_ROWS // 4).combine_chunks()
+    packed = pc.cast(sample, target, safe=False)
+    return len(codec.compress(_values(packed))) <= len(codec.compress(_values(sample)))
+
+
+def _values(array: pa.Array) -> pa.Buffer:
+    """The bytes of a fixed-width array's values (without its validity bitmap)."""
+    width = array.type.bit_width // 8
+    data = array.buffers()[1]
+    return data.slice(array.offset * width, len(array) * width)
 
 
 def _is_string(column: pa.ChunkedArray) -> bool:
@@ -64,7 +83,8 @@ def _cast_to(target: pa.DataType) -> Packer:
     return lambda values: pc.cast(values, target, safe=False)
 
 
-def _narrow_integers(column: pa.ChunkedArray) -> tuple[pa.DataType, Packer] | None:
+def _narrow_integers(column: pa.ChunkedArray) -> pa.DataType | None:
+    """The narrowest integer type (of the same signedness) holding the column's range."""
     bounds = pc.min_max(column)
     low, high = bounds["min"].as_py(), bounds["max"].as_py()
     for target in _UNSIGNED if pa.types.is_unsigned_integer(column.type) else _SIGNED:
@@ -72,7 +92,7 @@ def _narrow_integers(column: pa.ChunkedArray) -> tuple[pa.DataType, Packer] | No
             return None
         info = _limits(target)
         if info[0] <= low and high <= info[1]:
-            return target, _cast_to(target)
+            return target
     return None
 
 

@@ -97,7 +97,8 @@ class ArrowSerializer:
             # compressed: columns packed, in groups compressed by worker threads (_groups)
             groups = size_groups(table, self.batch_bytes)
             meta["groups"] = groups
-            sections = group_sections(table, groups, self.batch_bytes, options.compression)
+            codec_ = pa.Codec(codec, self.compression_level)
+            sections = group_sections(table, groups, self.batch_bytes, codec_)
             return Encoded(self.name, meta, sections, flags)
         return Encoded(self.name, meta, [_stream(source.schema, source.batches, options)], flags)
 
