@@ -53,6 +53,19 @@ def test_equal_arguments_of_other_types_are_other_keys() -> None:
                                                        2 * len(arguments))
 
 
+def test_counters_and_sampled_latency_of_fast_hits() -> None:
+    @cache(backend=None)
+    def f(x: int) -> int:
+        return x
+
+    f(1)
+    for _ in range(200):
+        assert f(1) == 1
+    info = f.cache_info()
+    assert (info.hits, info.l1_hits, info.misses) == (200, 200, 1)
+    assert 0 < info.mean_hit_latency < 1.0  # seconds: measured, not a default
+
+
 def test_several_arguments_of_mixed_types() -> None:
     body = Calls()
 

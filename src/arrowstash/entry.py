@@ -402,7 +402,7 @@ def parse_entry(
     checked); the File backend uses it for memory-mapped reads, where hashing would read every page
     of a value that was written atomically and may never be touched in full.
 
-    ``known`` is an earlier parse of the same stored file (same inode, size and times): its header
+    ``known`` is an earlier parse of the same stored entry (same header bytes and size): its header
     and trailer are reused, and only the sections are checked against it.
     """
     view = buffer if type(buffer) is memoryview else memoryview(buffer)
@@ -421,4 +421,6 @@ def parse_entry(
         if check_sections and xxhash.xxh3_64_intdigest(section) != digest:
             raise CorruptEntryError(f"section {index} checksum mismatch")
         sections.append(section)
-    return Entry(header, trailer.key, trailer.serializer, trailer.meta, sections, trailer)
+    # tuple.__new__ skips the NamedTuple's Python-level __new__: this is on every hit's path
+    return tuple.__new__(Entry, (header, trailer.key, trailer.serializer, trailer.meta, sections,
+                                 trailer))

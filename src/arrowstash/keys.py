@@ -153,6 +153,8 @@ class KeyMaker:
         if kwargs:
             items = tuple(sorted(kwargs.items()))
             memo_key: Any = (args, tuple(map(type, args)), items, tuple(type(v) for _, v in items))
+        elif len(args) == 1:  # the common case, without building a tuple of types
+            memo_key = (args, type(args[0]))
         else:
             memo_key = (args, tuple(map(type, args)))
         try:

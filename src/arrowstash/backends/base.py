@@ -21,7 +21,8 @@ class Stored(NamedTuple):
 
     data: memoryview
     mapped: bool = False
-    #: Identifies the stored bytes (a file's inode, size and times) so that a reader may reuse
+    #: Identifies the stored bytes (a file entry's header, which holds the checksum of header and
+    #: trailer, and its creation time) so that a reader may reuse
     #: its parse of an unchanged entry; None where the store has no such identity.
     fingerprint: Any = None
 

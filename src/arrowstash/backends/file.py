@@ -28,6 +28,8 @@ from arrowstash.errors import BackendError, CorruptEntryError
 SUFFIX = ".ast"
 _TEMP_SUFFIX = ".tmp"
 _STALE_TEMP_SECONDS = 3600.0
+#: Bytes read at the first attempt: a page, which holds most small entries whole.
+_FIRST_READ = 4096
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -99,7 +101,7 @@ class FileBackend:
                 self.directory, _folder_name(key.namespace), _folder_name(key.function)
             )
             self._folders[(key.namespace, key.function)] = folder
-        name = key.hex
+        name = key.digest.hex()
         return f"{folder}/{name[:2]}/{name}{SUFFIX}"
 
     def get(self, key: Key) -> Stored | None:
@@ -111,17 +113,19 @@ class FileBackend:
         except OSError as exc:
             raise BackendError(f"cannot open {path}: {exc}") from exc
         try:
-            st = os.fstat(fd)
-            size = st.st_size
-            if size >= self.mmap_threshold:
-                stored = Stored(map_private(fd, size), mapped=True)
+            # Most entries are small: one read of a fixed size, and a short read gives the
+            # size without an fstat. A file is never rewritten in place, so whatever size it
+            # has is the size of one complete (or truncated, which parsing reports) entry.
+            data = bytearray(_FIRST_READ)  # writable: loaded arrays may view it
+            got = os.readv(fd, [data])
+            if got < _FIRST_READ:
+                view = memoryview(data)[:got]
+                # The header holds the checksum of header and trailer and the creation time:
+                # equal header bytes and size mean the reader may reuse its parse of the trailer.
+                fingerprint = bytes(view[:ALIGN]) if got >= ALIGN else None
+                stored = tuple.__new__(Stored, (view, False, fingerprint))  # skips a Python call
             else:
-                # A file is never rewritten in place, so a short read is a truncated entry,
-                # which parsing reports.
-                data = bytearray(size)  # writable: loaded arrays may view it
-                os.readv(fd, [data])
-                stored = Stored(memoryview(data), False,
-                                (st.st_dev, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns))
+                stored = self._read_large(fd, data)
         except OSError as exc:
             raise BackendError(f"cannot read {path}: {exc}") from exc
         finally:
@@ -130,6 +134,16 @@ class FileBackend:
             with contextlib.suppress(OSError):
                 os.utime(path)  # recency for LRU eviction
         return stored
+
+    def _read_large(self, fd: int, first: bytearray) -> Stored:
+        size = os.fstat(fd).st_size
+        if size >= self.mmap_threshold:
+            return Stored(map_private(fd, size), mapped=True)
+        data = bytearray(size)
+        data[:_FIRST_READ] = first
+        if size > _FIRST_READ:
+            os.preadv(fd, [memoryview(data)[_FIRST_READ:]], _FIRST_READ)
+        return Stored(memoryview(data), False, bytes(data[:ALIGN]))
 
     def set(self, key: Key, encoded: Encoded, *, created: float, expires: float | None) -> int:
         path = self.path(key)
