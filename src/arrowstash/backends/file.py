@@ -82,6 +82,7 @@ class FileBackend:
         self.max_bytes = max_bytes
         self.durable = durable
         self.mmap_threshold = max(mmap_threshold, ALIGN)
+        self._first_read = min(_FIRST_READ, self.mmap_threshold)  # a full one may need a map
         self.encrypt = encrypt
         self._written_since_scan = 0
         self._known_size: int | None = None
@@ -116,9 +117,10 @@ class FileBackend:
             # Most entries are small: one read of a fixed size, and a short read gives the
             # size without an fstat. A file is never rewritten in place, so whatever size it
             # has is the size of one complete (or truncated, which parsing reports) entry.
-            data = bytearray(_FIRST_READ)  # writable: loaded arrays may view it
+            first = self._first_read
+            data = bytearray(first)  # writable: loaded arrays may view it
             got = os.readv(fd, [data])
-            if got < _FIRST_READ:
+            if got < first:
                 view = memoryview(data)[:got]
                 # The header holds the checksum of header and trailer and the creation time:
                 # equal header bytes and size mean the reader may reuse its parse of the trailer.
@@ -140,9 +142,10 @@ class FileBackend:
         if size >= self.mmap_threshold:
             return Stored(map_private(fd, size), mapped=True)
         data = bytearray(size)
-        data[:_FIRST_READ] = first
-        if size > _FIRST_READ:
-            os.preadv(fd, [memoryview(data)[_FIRST_READ:]], _FIRST_READ)
+        done = len(first)
+        data[:done] = first
+        if size > done:
+            os.preadv(fd, [memoryview(data)[done:]], done)
         return Stored(memoryview(data), False, bytes(data[:ALIGN]))
 
     def set(self, key: Key, encoded: Encoded, *, created: float, expires: float | None) -> int:
