@@ -546,3 +546,23 @@ def test_store_of_a_large_value_holds_no_second_copy(tmp_path: Path) -> None:
     assert peak.peak - peak.with_frame < plain.peak - plain.with_frame + (32 << 20), (
         peak.describe(), plain.describe())
 
+
+
+def test_memcached_and_async_round_trips(memcached_backend: Any) -> None:
+    import asyncio
+
+    runs: list[int] = []
+    value = VALUES["arrays"]()
+    fetch = make(memcached_backend, {1: value}, runs, encryption_key=KEY_A)
+    assert equal(fetch(1), value) and equal(fetch(1), value) and runs == [1]
+
+    @cache(backend=memcached_backend, l1=False, namespace="enc", encryption_key=KEY_A)
+    async def later(n: int) -> dict[str, Any]:
+        runs.append(n)
+        return {"n": n, "who": MARKER}
+
+    async def twice() -> list[dict[str, Any]]:
+        return [await later(2), await later(2)]
+
+    assert asyncio.run(twice()) == [{"n": 2, "who": MARKER}] * 2
+    assert runs == [1, 2]
