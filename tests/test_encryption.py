@@ -197,7 +197,8 @@ def test_round_trip_leaves_no_plaintext_in_the_store(store: RawStore, kind: str)
     assert parse_entry(data, check_sections=False).header.flags & FLAG_ENCRYPTED
     assert MARKER.encode() not in data
     assert take_apart(data).trailer["meta"] is None  # the serializer's metadata is sealed too
-    assert take_apart(data).trailer["enc"] == {"kid": key_id(KEY_A)}
+    # the frame's metadata (column labels...) is sealed as section 0; the others have none
+    assert take_apart(data).trailer["enc"] == {"kid": key_id(KEY_A), "meta": kind == "frame"}
 
 
 def test_flights_frame_round_trip(store: RawStore) -> None:
@@ -224,10 +225,10 @@ def test_multi_chunk_section_round_trip(store: RawStore) -> None:
     # three full chunks and the rest, sealed as written; the empty last chunk ends the section
     assert [len(f) - 32 for f in frames] == [CHUNK, CHUNK, CHUNK, 8000, 0]
     assert [f[3] >> 7 for f in frames] == [0, 0, 0, 0, 1]
-    assert [len(chunks(s)) for s in data.sections] == [1, 1, 5]  # metadata, tree, array
+    assert [len(chunks(s)) for s in data.sections] == [1, 5]  # the tree, the array
     fetch(2)  # a small value: every section is one (last) chunk
     small = take_apart(store.read(fetch.cache_key(2)))
-    assert [len(chunks(s)) for s in small.sections] == [1, 1]
+    assert [len(chunks(s)) for s in small.sections] == [1]
 
 
 def test_pickled_values_need_no_secret_when_encrypted(redis_backend: Any) -> None:
@@ -356,10 +357,10 @@ def _flip(parts: Parts, section: int, at: int) -> None:
     parts.sections[section] = bytes(data)
 
 
-@pytest.mark.parametrize("where", ["nonce", "ciphertext", "tag", "meta"])
+@pytest.mark.parametrize("where", ["nonce", "ciphertext", "tag", "section-0"])
 def test_tampered_section(store: RawStore, caplog: pytest.LogCaptureFixture, where: str) -> None:
     positions = {"nonce": 5, "ciphertext": 40, "tag": -3}
-    section, at = (0, 20) if where == "meta" else (1, positions[where])
+    section, at = (0, 20) if where == "section-0" else (1, positions[where])
 
     def change(parts: Parts) -> None:
         _flip(parts, section, at % len(parts.sections[section]))
@@ -368,7 +369,7 @@ def test_tampered_section(store: RawStore, caplog: pytest.LogCaptureFixture, whe
 
 
 @pytest.mark.parametrize("field", ["expires", "created", "flags", "namespace", "function",
-                                   "serializer", "meta"])
+                                   "serializer", "meta", "meta-flag"])
 def test_tampered_header_or_trailer(store: RawStore, caplog: pytest.LogCaptureFixture,
                                     field: str) -> None:
     def change(parts: Parts) -> None:
@@ -377,24 +378,26 @@ def test_tampered_header_or_trailer(store: RawStore, caplog: pytest.LogCaptureFi
         elif field == "created":
             parts.created -= 1.0
         elif field == "flags":
-            parts.flags |= FLAG_COMPRESSED
+            parts.flags ^= FLAG_COMPRESSED
         elif field == "namespace":
             parts.trailer["ns"] = "enc2"
         elif field == "function":
             parts.trailer["fn"] += "x"
         elif field == "serializer":
             parts.trailer["ser"] = "buffers"
+        elif field == "meta-flag":  # the metadata section read as the serializer's first
+            parts.trailer["enc"]["meta"] = False
         else:
             parts.trailer["meta"] = {"planted": True}
 
     reason = {"namespace": "another key", "function": "another key",
               "meta": "plaintext metadata"}.get(field, AUTH)
-    _attack(store, caplog, VALUES["plain"](), change, reason)
+    _attack(store, caplog, VALUES["frame"](), change, reason)
 
 
 def test_reordered_sections(store: RawStore, caplog: pytest.LogCaptureFixture) -> None:
     def change(parts: Parts) -> None:
-        parts.sections[1], parts.sections[2] = parts.sections[2], parts.sections[1]
+        parts.sections[0], parts.sections[1] = parts.sections[1], parts.sections[0]
 
     _attack(store, caplog, VALUES["arrays"](), change)
 
@@ -484,7 +487,7 @@ def test_keys_never_appear_in_logs_reprs_errors_or_info(
         b(1)  # wrong key: logged
         key = b.cache_key(1)
         parts = take_apart(store.read(key))
-        _flip(parts, 1, 30)
+        _flip(parts, 0, 30)
         store.write(key, rebuild(parts))
         b(1)  # tampered: logged
         for bad in (B64[KEY_A][:-2], KEY_A[:-1], [KEY_A, B64[KEY_B] + "!"]):

@@ -6,11 +6,11 @@ Every section of an encrypted entry is a run of chunks, each sealed on its own w
     chunk: u32 (length | last << 31) | 12-byte nonce | ciphertext (length bytes) | 16-byte tag
 
 The associated data of every chunk binds the entry's identity (namespace, function, key digest,
-serializer, flags, created, expires, section count, key id) and the chunk's place (section index,
-chunk index, offset in the section, length, last or not), so a chunk that is altered, moved,
-reordered, dropped or replayed under another key fails to authenticate. Sections are written
-chunk by chunk and decrypted straight into one buffer per section: encrypting never holds a
-second copy of a value.
+serializer, flags, created, expires, section count, metadata or not, key id) and the chunk's
+place (section index, chunk index, offset in the section, length, last or not), so a chunk
+that is altered, moved, reordered, dropped or replayed under another key fails to authenticate.
+Sections are written chunk by chunk and decrypted straight into one buffer per section:
+encrypting never holds a second copy of a value.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ TAG = 16
 _FRAME = struct.Struct("<I")
 _LAST = 1 << 31  # the frame's flag of a section's last chunk
 _PLACE = struct.Struct("<IIQQB")  # section index, chunk index, offset, length, last
+_OVERHEAD = _FRAME.size + NONCE + TAG  # bytes a chunk adds to its plaintext
 _CONTEXT = b"arrowstash aes-256-gcm v1\0"
 #: Sections at least this large decrypt into Arrow-allocated memory (64-byte aligned, not
 #: zero-filled first); smaller ones into a bytearray.
@@ -267,18 +268,28 @@ def _allocate(size: int) -> memoryview:
 
 def _open_section(cipher: Any, prefix: bytes, index: int, sealed: memoryview) -> memoryview:
     """Decrypt one section; the cipher raises InvalidTag on any chunk that fails."""
+    end = sealed.nbytes
+    if end >= _OVERHEAD:  # the common case of a small section, one chunk, without the loop
+        (word,) = _FRAME.unpack_from(sealed, 0)
+        length = word & ~_LAST
+        if word >= _LAST and length + _OVERHEAD == end:
+            out = _allocate(length)
+            cipher.decrypt_into(sealed[_FRAME.size : _FRAME.size + NONCE],
+                                sealed[_FRAME.size + NONCE :],
+                                prefix + _PLACE.pack(index, 0, 0, length, True), out)
+            return out
     frames = []  # (where the nonce starts, offset in the plaintext, length, last)
-    position, end, total = 0, sealed.nbytes, 0
+    position, total = 0, 0
     last = False
     while not last:
-        if position + _FRAME.size + NONCE + TAG > end:
+        if position + _OVERHEAD > end:
             raise CorruptEntryError(f"encrypted section {index} is truncated")
         (word,) = _FRAME.unpack_from(sealed, position)
         last, length = word >= _LAST, word & ~_LAST
         if length > _MAX_CHUNK:
             raise CorruptEntryError(f"encrypted section {index} has a chunk of {length} bytes")
         frames.append((position + _FRAME.size, total, length, last))
-        position += _FRAME.size + NONCE + length + TAG
+        position += _OVERHEAD + length
         total += length
     if position != end:
         raise CorruptEntryError(f"encrypted section {index} does not end with its last chunk")

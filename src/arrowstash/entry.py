@@ -74,8 +74,8 @@ class Encoded:
     flags: int = 0
     #: A secret to sign the entry with (HMAC-SHA256 over its identity and every section byte).
     sign_with: bytes | None = None
-    #: Keys to encrypt the entry with (AES-256-GCM, see arrowstash.crypto); the metadata then
-    #: travels encrypted as section 0 instead of in the trailer.
+    #: Keys to encrypt the entry with (AES-256-GCM, see arrowstash.crypto); metadata other than
+    #: None then travels encrypted as section 0 instead of in the trailer.
     encrypt_with: Keyring | None = None
 
     @property
@@ -208,12 +208,14 @@ def write_entry(
     flags = encoded.flags
     sections, meta, sealer = encoded.sections, encoded.meta, None
     keyring = encoded.encrypt_with
+    has_meta = meta is not None
     if keyring is not None:
         flags |= FLAG_ENCRYPTED
-        sections = [msgpack.packb(meta, use_bin_type=True), *sections]
-        meta = None
+        if has_meta:
+            sections = [msgpack.packb(meta, use_bin_type=True), *sections]
+            meta = None
         sealer = keyring.sealer(
-            _identity(key, encoded.serializer, flags, created, expires, len(sections))
+            _identity(key, encoded.serializer, flags, created, expires, len(sections), has_meta)
         )
     secret = encoded.sign_with if sealer is None else None  # encryption authenticates already
     mac = _signer(secret, key, encoded.serializer, created, expires) if secret else None
@@ -228,7 +230,7 @@ def write_entry(
         "sec": table,
     }
     if sealer is not None:
-        fields["enc"] = {"kid": sealer.key_id}
+        fields["enc"] = {"kid": sealer.key_id, "meta": has_meta}
     if mac is not None:
         fields["tag"] = mac.digest()
         flags |= FLAG_SIGNED
@@ -244,10 +246,11 @@ def write_entry(
 
 
 def _identity(key: Key, serializer: str, flags: int, created: float, expires: float,
-              count: int) -> bytes:
+              count: int, has_meta: bool) -> bytes:
     """What an encrypted entry's every chunk is bound to (its associated data)."""
     packed: bytes = msgpack.packb(
-        [key.namespace, key.function, key.digest, serializer, flags, created, expires, count],
+        [key.namespace, key.function, key.digest, serializer, flags, created, expires, count,
+         has_meta],
         use_bin_type=True,
     )
     return packed
@@ -260,9 +263,14 @@ def open_encrypted(entry: Entry, keyring: Keyring) -> Entry:
     assert trailer.enc is not None
     if entry.meta is not None:
         raise CorruptEntryError("encrypted entry with plaintext metadata in its trailer")
+    has_meta = trailer.enc.get("meta")
+    if type(has_meta) is not bool:
+        raise CorruptEntryError("encrypted entry does not say whether it holds metadata")
     identity = _identity(entry.key, entry.serializer, header.flags, header.created,
-                         header.expires, header.sections)
+                         header.expires, header.sections, has_meta)
     opened = keyring.open_sections(trailer.enc.get("kid"), identity, entry.sections)
+    if not has_meta:
+        return entry._replace(sections=opened)
     if not opened:
         raise CorruptEntryError("encrypted entry has no metadata section")
     try:
