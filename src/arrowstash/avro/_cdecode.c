@@ -288,7 +288,10 @@ static int empty(Ctx *c, int ni) {
     return 0;
 }
 
-#define CHILD(c, kid, p) (kid)->entry((c), (kid), &(c)->cols[(kid)->index], (p))
+static const uint8_t *d_nullable(Ctx *c, const Node *n, Col *col, const uint8_t *p);
+
+/* One value of kid: the common leaf kinds inline (no call), the rest through its function. */
+#define CHILD(c, kid, p) dec_any((c), (kid), (p))
 #define FAIL(c, code, at, n, detail) (fail((c), (code), (at), (n)->index, (detail)), NULL)
 #define OOM(c, at, n) (oom((c), (at), (n)->index), NULL)
 
@@ -297,7 +300,7 @@ static const uint8_t *d_null(Ctx *c, const Node *n, Col *col, const uint8_t *p) 
     return p;
 }
 
-static const uint8_t *d_bool(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+static inline __attribute__((always_inline)) const uint8_t *d_bool(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
     if (p >= c->end) return FAIL(c, E_TRUNCATED, p, n, 0);
     if (*p > 1) return FAIL(c, E_BOOL, p, n, *p);
     if (bit_put(&col->data, col->length, *p)) return OOM(c, p, n);
@@ -305,7 +308,7 @@ static const uint8_t *d_bool(Ctx *c, const Node *n, Col *col, const uint8_t *p) 
     return p + 1;
 }
 
-static const uint8_t *d_int(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+static inline __attribute__((always_inline)) const uint8_t *d_int(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
     const uint8_t *start = p;
     int64_t v;
     if (rd_long(c, &p, n->index, &v)) return NULL;
@@ -326,7 +329,7 @@ static const uint8_t *d_enum(Ctx *c, const Node *n, Col *col, const uint8_t *p) 
     return p;
 }
 
-static const uint8_t *d_long(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+static inline __attribute__((always_inline)) const uint8_t *d_long(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
     const uint8_t *start = p;
     int64_t v;
     if (rd_long(c, &p, n->index, &v)) return NULL;
@@ -338,7 +341,7 @@ static const uint8_t *d_long(Ctx *c, const Node *n, Col *col, const uint8_t *p) 
     return p;
 }
 
-static const uint8_t *d_sized(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+static inline __attribute__((always_inline)) const uint8_t *d_sized(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
     int64_t size = n->size; /* float, double, fixed */
     if (c->end - p < size) return FAIL(c, E_TRUNCATED, p, n, 0);
     if (buf_put(&col->data, p, (size_t)size)) return OOM(c, p, n);
@@ -379,7 +382,7 @@ static inline int rd_len(Ctx *c, const Node *n, const uint8_t **p, int64_t *len)
     return 0;
 }
 
-static const uint8_t *d_bytes(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+static inline __attribute__((always_inline)) const uint8_t *d_bytes(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
     const uint8_t *start = p; /* bytes and string */
     int64_t v;
     if (rd_len(c, n, &p, &v)) return NULL;
@@ -420,6 +423,25 @@ static const uint8_t *d_dec_bytes(Ctx *c, const Node *n, Col *col, const uint8_t
     col->data.len += (size_t)n->param;
     col->length++;
     return p + v;
+}
+
+static inline __attribute__((always_inline)) const uint8_t *dec_leaf_or_call(
+    Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+    switch (n->kind) {
+    case K_STRING: case K_BYTES: return d_bytes(c, n, col, p);
+    case K_INT: return d_int(c, n, col, p);
+    case K_LONG: return d_long(c, n, col, p);
+    case K_BOOL: return d_bool(c, n, col, p);
+    case K_FLOAT: case K_DOUBLE: case K_FIXED: return d_sized(c, n, col, p);
+    default: return n->fn(c, n, col, p);
+    }
+}
+
+static inline __attribute__((always_inline)) const uint8_t *dec_any(Ctx *c, const Node *n,
+                                                                    const uint8_t *p) {
+    Col *col = &c->cols[n->index];
+    if (n->null_branch >= 0) return d_nullable(c, n, col, p);
+    return dec_leaf_or_call(c, n, col, p);
 }
 
 static const uint8_t *d_record(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
@@ -491,7 +513,7 @@ static const uint8_t *d_nullable(Ctx *c, const Node *n, Col *col, const uint8_t 
     if (idx == n->null_branch) return empty(c, n->index) ? OOM(c, start, n) : p;
     if (idx != 1 - n->null_branch) return FAIL(c, E_UNION_INDEX, start, n, idx);
     if (bit_put(&col->valid, col->length, 1)) return OOM(c, start, n);
-    return n->fn(c, n, col, p);
+    return dec_leaf_or_call(c, n, col, p);
 }
 
 static const DecFn KIND_FN[] = {
