@@ -58,6 +58,7 @@ typedef struct Ctx {
     const uint8_t *start, *end;
     const Seg *segs;
     int64_t seg_begin, seg_end;
+    int64_t all_bytes; /* the first of several threads sizes its buffers for all of them */
     int32_t *ids;
     /* the first error */
     int err;
@@ -584,7 +585,8 @@ static void run_range(Ctx *c) {
     int64_t probe = c->seg_begin + (c->seg_end - c->seg_begin) / 32;
     const Node *root = &c->nodes[0];
     for (int64_t s = c->seg_begin; s < c->seg_end; s++) {
-        if (s == probe && s > c->seg_begin) presize(c, done, total - done);
+        if (s == probe && s > c->seg_begin)
+            presize(c, done, (c->all_bytes ? c->all_bytes : total) - done);
         const Seg *seg = &c->segs[s];
         done += seg->len > 0 ? seg->len : 0;
         c->err_seg = s;
@@ -648,27 +650,30 @@ static int bits_append(Buf *dst, int64_t dst_bits, const Buf *src, int64_t nbits
     if (nbits == 0) return 0;
     size_t need = (size_t)((dst_bits + nbits + 7) >> 3);
     if (need > dst->len && buf_zeros(dst, need - dst->len)) return -1;
-    if ((dst_bits & 7) == 0) {
-        memcpy(dst->p + (dst_bits >> 3), src->p, (size_t)((nbits + 7) >> 3));
+    uint8_t *d = dst->p + (dst_bits >> 3);
+    int shift = (int)(dst_bits & 7);
+    size_t nbytes = (size_t)((nbits + 7) >> 3);
+    if (shift == 0) {
+        memcpy(d, src->p, nbytes);
         return 0;
     }
-    for (int64_t i = 0; i < nbits; i++)
-        if (src->p[i >> 3] & (1u << (i & 7))) {
-            int64_t j = dst_bits + i;
-            dst->p[j >> 3] |= (uint8_t)(1u << (j & 7));
-        }
+    d[0] &= (uint8_t)((1u << shift) - 1); /* keep the bits before dst_bits */
+    for (size_t i = 0; i < nbytes; i++) {
+        d[i] |= (uint8_t)(src->p[i] << shift);
+        if (i + 1 < need - (size_t)(dst_bits >> 3)) d[i + 1] = (uint8_t)(src->p[i] >> (8 - shift));
+    }
     return 0;
 }
 
 /* Append node ni of threads 1.. to thread 0's buffers (thread order = row order), so only the
- * later threads' parts are copied. Nodes must be merged parents first: a parent rebases its
- * offsets by its children's thread-0 lengths before those children grow. */
-static int merge_node(const Node *nodes, int ni, Ctx *ctxs, int nt) {
+ * later threads' parts are copied. len0 holds thread 0's lengths from before any merge, so
+ * nodes merge independently (and in parallel). */
+static int merge_node(const Node *nodes, int ni, Ctx *ctxs, int nt, const int64_t *len0) {
     const Node *n = &nodes[ni];
     Col *out = &ctxs[0].cols[ni];
     int64_t data_base = (int64_t)out->data.len;
     int64_t child_base[128] = {0};
-    for (int k = 0; k < n->nchildren; k++) child_base[k] = ctxs[0].cols[n->children[k]].length;
+    for (int k = 0; k < n->nchildren; k++) child_base[k] = len0[n->children[k]];
     size_t more[4] = {0}; /* reserve once: valid, data, offs, tids */
     for (int t = 1; t < nt; t++) {
         Col *col = &ctxs[t].cols[ni];
@@ -722,6 +727,65 @@ static int merge_node(const Node *nodes, int ni, Ctx *ctxs, int nt) {
         out->nulls += col->nulls;
     }
     return 0;
+}
+
+typedef struct {
+    const Node *nodes;
+    Ctx *ctxs;
+    int nt, count, err;
+    const int64_t *len0;
+    int *list;
+} MergeJob;
+
+static void *merge_main(void *arg) {
+    MergeJob *job = arg;
+    for (int i = 0; i < job->count && !job->err; i++)
+        job->err = merge_node(job->nodes, job->list[i], job->ctxs, job->nt, job->len0);
+    return NULL;
+}
+
+/* Merge every node, the nodes shared out by bytes to copy among the threads. */
+static int merge_all(const Node *nodes, int nnodes, Ctx *ctxs, int nt) {
+    int64_t *len0 = calloc((size_t)nnodes, sizeof(int64_t)), *load = calloc((size_t)nt, 8);
+    int *lists = calloc((size_t)nnodes * (size_t)nt, sizeof(int));
+    MergeJob *jobs = calloc((size_t)nt, sizeof(MergeJob));
+    int err = 0;
+    if (!len0 || !load || !lists || !jobs) {
+        err = -1;
+        goto done;
+    }
+    for (int i = 0; i < nnodes; i++) len0[i] = ctxs[0].cols[i].length;
+    for (int w = 0; w < nt; w++)
+        jobs[w] = (MergeJob){nodes, ctxs, nt, 0, 0, len0, lists + (size_t)w * (size_t)nnodes};
+    for (int i = 0; i < nnodes; i++) {
+        int64_t bytes = 0;
+        for (int t = 1; t < nt; t++) {
+            Col *col = &ctxs[t].cols[i];
+            bytes += (int64_t)(col->data.len + col->offs.len + col->valid.len + col->tids.len);
+        }
+        int best = 0;
+        for (int w = 1; w < nt; w++)
+            if (load[w] < load[best]) best = w;
+        load[best] += bytes + 64;
+        jobs[best].list[jobs[best].count++] = i;
+    }
+    pthread_t tids[64];
+    int started[64] = {0};
+    for (int w = 1; w < nt; w++)
+        started[w] = pthread_create(&tids[w], NULL, merge_main, &jobs[w]) == 0;
+    merge_main(&jobs[0]);
+    for (int w = 1; w < nt; w++) {
+        if (started[w]) pthread_join(tids[w], NULL);
+        else merge_main(&jobs[w]);
+    }
+    for (int w = 0; w < nt; w++)
+        if (jobs[w].err) err = err == -2 ? -2 : jobs[w].err;
+done:
+    free(len0);
+    free(load);
+    free(lists);
+    free(jobs);
+    return err;
 }
 
 /* -- the Python side: plan, inputs, outputs ------------------------------------------------- */
@@ -955,6 +1019,7 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
         Ctx *c = &ctxs[t];
         c->nodes = nodes, c->nnodes = nnodes, c->validate_utf8 = validate_utf8;
         c->confluent = confluent, c->segs = segs, c->ids = (int32_t *)ids.p;
+        c->all_bytes = t == 0 && nthreads > 1 ? total : 0;
         c->seg_begin = s;
         int64_t goal = total * (t + 1) / nthreads;
         if (t == nthreads - 1) s = nsegs;
@@ -985,21 +1050,21 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
         }
         int any_err = 0;
         for (int t = 0; t < nthreads; t++) any_err |= ctxs[t].err != 0;
-        if (!any_err && nthreads > 1) {
-            for (int i = 0; i < nnodes && !merge_err; i++)
-                merge_err = merge_node(nodes, i, ctxs, nthreads);
-        }
+        if (!any_err && nthreads > 1) merge_err = merge_all(nodes, nnodes, ctxs, nthreads);
     }
     Py_END_ALLOW_THREADS
     PyObject *result = NULL;
     for (int t = 0; t < nthreads; t++) {
         if (ctxs[t].err) { /* the first failing range holds the first bad segment */
             Ctx *c = &ctxs[t];
+            if (c->err == E_NO_MEMORY) {
+                PyErr_NoMemory();
+                goto done;
+            }
             PyObject *detail = c->err_unsigned
                 ? PyLong_FromUnsignedLongLong((unsigned long long)c->err_detail)
                 : PyLong_FromLongLong(c->err_detail);
-            if (c->err == E_NO_MEMORY) PyErr_NoMemory();
-            else if (detail)
+            if (detail)
                 result = Py_BuildValue("iiLLLiN", 1, c->err, (long long)c->err_seg,
                                        (long long)c->err_datum, (long long)c->err_off,
                                        c->err_node, detail);
