@@ -10,6 +10,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -639,10 +640,6 @@ static void run_segments(Ctx *c) {
     run_range(c);
 }
 
-static void *thread_main(void *arg) {
-    run_segments((Ctx *)arg);
-    return NULL;
-}
 
 /* -- concatenating the threads' buffers ------------------------------------------------------ */
 
@@ -729,62 +726,138 @@ static int merge_node(const Node *nodes, int ni, Ctx *ctxs, int nt, const int64_
     return 0;
 }
 
-typedef struct {
-    const Node *nodes;
-    Ctx *ctxs;
-    int nt, count, err;
-    const int64_t *len0;
-    int *list;
-} MergeJob;
+/* -- work sharing ---------------------------------------------------------------------------
+ * The input is cut into chunks (contiguous ranges of segments), each decoded into its own
+ * buffers; then the nodes are merged one by one. Threads claim chunks, then nodes, from shared
+ * counters, and the calling thread claims them too: it never waits for a thread the system has
+ * not scheduled yet, only for work items in progress. Helper threads are detached; the shared
+ * state is freed by whoever leaves it last. */
 
-static void *merge_main(void *arg) {
-    MergeJob *job = arg;
-    for (int i = 0; i < job->count && !job->err; i++)
-        job->err = merge_node(job->nodes, job->list[i], job->ctxs, job->nt, job->len0);
+typedef struct {
+    atomic_int refs;
+    atomic_long next_chunk, next_node;
+    long chunks_done, nodes_done; /* under mu */
+    int phase;                    /* under mu: 0 decoding, 1 merging, 2 finished */
+    int nchunks, nnodes, merge_err;
+    Ctx *ctxs;
+    const Node *nodes;
+    int64_t *len0;
+    int *order; /* nodes, most bytes to copy first */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} Shared;
+
+static void shared_release(Shared *sh) {
+    if (atomic_fetch_sub(&sh->refs, 1) != 1) return;
+    pthread_mutex_destroy(&sh->mu);
+    pthread_cond_destroy(&sh->cv);
+    free(sh->len0);
+    free(sh->order);
+    free(sh);
+}
+
+static void decode_chunks(Shared *sh) {
+    for (;;) {
+        long i = atomic_fetch_add(&sh->next_chunk, 1);
+        if (i >= sh->nchunks) return;
+        run_segments(&sh->ctxs[i]);
+        pthread_mutex_lock(&sh->mu);
+        sh->chunks_done++;
+        pthread_cond_broadcast(&sh->cv);
+        pthread_mutex_unlock(&sh->mu);
+    }
+}
+
+static void merge_nodes(Shared *sh) {
+    for (;;) {
+        long j = atomic_fetch_add(&sh->next_node, 1);
+        if (j >= sh->nnodes) return;
+        int err = merge_node(sh->nodes, sh->order[j], sh->ctxs, sh->nchunks, sh->len0);
+        pthread_mutex_lock(&sh->mu);
+        if (err && sh->merge_err != -2) sh->merge_err = err;
+        sh->nodes_done++;
+        pthread_cond_broadcast(&sh->cv);
+        pthread_mutex_unlock(&sh->mu);
+    }
+}
+
+static void *helper_main(void *arg) {
+    Shared *sh = arg;
+    decode_chunks(sh);
+    pthread_mutex_lock(&sh->mu);
+    while (sh->phase == 0) pthread_cond_wait(&sh->cv, &sh->mu);
+    int phase = sh->phase;
+    pthread_mutex_unlock(&sh->mu);
+    if (phase == 1) merge_nodes(sh);
+    shared_release(sh);
     return NULL;
 }
 
-/* Merge every node, the nodes shared out by bytes to copy among the threads. */
-static int merge_all(const Node *nodes, int nnodes, Ctx *ctxs, int nt) {
-    int64_t *len0 = calloc((size_t)nnodes, sizeof(int64_t)), *load = calloc((size_t)nt, 8);
-    int *lists = calloc((size_t)nnodes * (size_t)nt, sizeof(int));
-    MergeJob *jobs = calloc((size_t)nt, sizeof(MergeJob));
-    int err = 0;
-    if (!len0 || !load || !lists || !jobs) {
-        err = -1;
-        goto done;
+/* Decode all chunks and merge them into chunk 0, with nhelpers extra threads. Returns the merge
+ * error (0, -1 out of memory, -2 too large); decoding errors stay in the chunks' contexts. */
+static int decode_and_merge(Ctx *ctxs, int nchunks, const Node *nodes, int nnodes, int nhelpers) {
+    Shared *sh = calloc(1, sizeof(Shared));
+    if (!sh) return -1;
+    atomic_init(&sh->refs, 1);
+    atomic_init(&sh->next_chunk, 0);
+    atomic_init(&sh->next_node, 0);
+    sh->nchunks = nchunks, sh->nnodes = nnodes, sh->ctxs = ctxs, sh->nodes = nodes;
+    pthread_mutex_init(&sh->mu, NULL);
+    pthread_cond_init(&sh->cv, NULL);
+    for (int h = 0; h < nhelpers; h++) {
+        pthread_t tid;
+        atomic_fetch_add(&sh->refs, 1);
+        if (pthread_create(&tid, NULL, helper_main, sh) == 0) pthread_detach(tid);
+        else atomic_fetch_sub(&sh->refs, 1);
     }
-    for (int i = 0; i < nnodes; i++) len0[i] = ctxs[0].cols[i].length;
-    for (int w = 0; w < nt; w++)
-        jobs[w] = (MergeJob){nodes, ctxs, nt, 0, 0, len0, lists + (size_t)w * (size_t)nnodes};
-    for (int i = 0; i < nnodes; i++) {
-        int64_t bytes = 0;
-        for (int t = 1; t < nt; t++) {
-            Col *col = &ctxs[t].cols[i];
-            bytes += (int64_t)(col->data.len + col->offs.len + col->valid.len + col->tids.len);
+    decode_chunks(sh);
+    pthread_mutex_lock(&sh->mu);
+    while (sh->chunks_done < nchunks) pthread_cond_wait(&sh->cv, &sh->mu);
+    pthread_mutex_unlock(&sh->mu);
+    int any_err = 0, err = 0;
+    for (int t = 0; t < nchunks; t++) any_err |= ctxs[t].err != 0;
+    int merge = !any_err && nchunks > 1;
+    if (merge) {
+        sh->len0 = calloc((size_t)nnodes, sizeof(int64_t));
+        sh->order = calloc((size_t)nnodes, sizeof(int));
+        int64_t *bytes = calloc((size_t)nnodes, sizeof(int64_t));
+        if (!sh->len0 || !sh->order || !bytes) {
+            merge = 0;
+            err = -1;
+        } else {
+            for (int i = 0; i < nnodes; i++) {
+                sh->len0[i] = ctxs[0].cols[i].length;
+                sh->order[i] = i;
+                for (int t = 1; t < nchunks; t++) {
+                    Col *col = &ctxs[t].cols[i];
+                    bytes[i] += (int64_t)(col->data.len + col->offs.len + col->valid.len);
+                }
+            }
+            for (int i = 1; i < nnodes; i++) { /* insertion sort, most bytes first */
+                int x = sh->order[i], j = i;
+                while (j > 0 && bytes[sh->order[j - 1]] < bytes[x]) {
+                    sh->order[j] = sh->order[j - 1];
+                    j--;
+                }
+                sh->order[j] = x;
+            }
         }
-        int best = 0;
-        for (int w = 1; w < nt; w++)
-            if (load[w] < load[best]) best = w;
-        load[best] += bytes + 64;
-        jobs[best].list[jobs[best].count++] = i;
+        free(bytes);
     }
-    pthread_t tids[64];
-    int started[64] = {0};
-    for (int w = 1; w < nt; w++)
-        started[w] = pthread_create(&tids[w], NULL, merge_main, &jobs[w]) == 0;
-    merge_main(&jobs[0]);
-    for (int w = 1; w < nt; w++) {
-        if (started[w]) pthread_join(tids[w], NULL);
-        else merge_main(&jobs[w]);
+    pthread_mutex_lock(&sh->mu);
+    sh->phase = merge ? 1 : 2;
+    pthread_cond_broadcast(&sh->cv);
+    pthread_mutex_unlock(&sh->mu);
+    if (merge) {
+        merge_nodes(sh);
+        pthread_mutex_lock(&sh->mu);
+        while (sh->nodes_done < nnodes) pthread_cond_wait(&sh->cv, &sh->mu);
+        err = sh->merge_err;
+        sh->phase = 2;
+        pthread_cond_broadcast(&sh->cv);
+        pthread_mutex_unlock(&sh->mu);
     }
-    for (int w = 0; w < nt; w++)
-        if (jobs[w].err) err = err == -2 ? -2 : jobs[w].err;
-done:
-    free(len0);
-    free(load);
-    free(lists);
-    free(jobs);
+    shared_release(sh);
     return err;
 }
 
@@ -998,16 +1071,19 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
     if (nthreads < 1) nthreads = 1;
     if (nthreads > 64) nthreads = 64;
     if (total < 65536 || nsegs < 2 * nthreads) nthreads = 1; /* not worth a thread */
-    Ctx *ctxs = calloc((size_t)nthreads, sizeof(Ctx));
+    /* several chunks per thread, so a thread the system runs late finds less left to do */
+    int nchunks = nthreads == 1 ? 1 : nthreads * 4;
+    if (nchunks > nsegs) nchunks = nsegs > 0 ? (int)nsegs : 1;
+    Ctx *ctxs = calloc((size_t)nchunks, sizeof(Ctx));
     Buf ids = {0};
     int failed_alloc = !ctxs || (confluent && buf_zeros(&ids, (size_t)(nsegs > 0 ? nsegs : 1) * 4));
-    for (int t = 0; t < nthreads && !failed_alloc; t++) {
+    for (int t = 0; t < nchunks && !failed_alloc; t++) {
         ctxs[t].cols = calloc((size_t)nnodes, sizeof(Col));
         if (!ctxs[t].cols) failed_alloc = 1;
     }
     if (failed_alloc) {
         if (ctxs)
-            for (int t = 0; t < nthreads; t++) free_cols(ctxs[t].cols, nnodes);
+            for (int t = 0; t < nchunks; t++) free_cols(ctxs[t].cols, nnodes);
         free(ctxs);
         free(ids.p);
         free_nodes(nodes, nnodes);
@@ -1015,46 +1091,28 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
     }
     /* contiguous ranges of about equal bytes */
     int64_t s = 0, acc = 0;
-    for (int t = 0; t < nthreads; t++) {
+    for (int t = 0; t < nchunks; t++) {
         Ctx *c = &ctxs[t];
         c->nodes = nodes, c->nnodes = nnodes, c->validate_utf8 = validate_utf8;
         c->confluent = confluent, c->segs = segs, c->ids = (int32_t *)ids.p;
-        c->all_bytes = t == 0 && nthreads > 1 ? total : 0;
+        c->all_bytes = t == 0 && nchunks > 1 ? total : 0;
         c->seg_begin = s;
-        int64_t goal = total * (t + 1) / nthreads;
-        if (t == nthreads - 1) s = nsegs;
+        int64_t goal = total * (t + 1) / nchunks;
+        if (t == nchunks - 1) s = nsegs;
         else
             while (s < nsegs && (acc < goal || s == c->seg_begin)) {
                 acc += segs[s].len > 0 ? segs[s].len : 0;
                 s++;
             }
         c->seg_end = s;
-        for (int i = 0; i < nnodes; i++) { /* offsets start at 0 */
-            int k = nodes[i].kind;
-            if ((k == K_BYTES || k == K_STRING || k == K_ARRAY || k == K_MAP) &&
-                buf_i32(&c->cols[i].offs, 0))
-                failed_alloc = 1;
-        }
+        if (reset_cols(c)) failed_alloc = 1; /* offsets start at 0 */
     }
     int merge_err = failed_alloc;
     Py_BEGIN_ALLOW_THREADS
-    if (!failed_alloc) {
-        pthread_t tids[64];
-        int started[64] = {0};
-        for (int t = 1; t < nthreads; t++)
-            started[t] = pthread_create(&tids[t], NULL, thread_main, &ctxs[t]) == 0;
-        run_segments(&ctxs[0]);
-        for (int t = 1; t < nthreads; t++) {
-            if (started[t]) pthread_join(tids[t], NULL);
-            else run_segments(&ctxs[t]);
-        }
-        int any_err = 0;
-        for (int t = 0; t < nthreads; t++) any_err |= ctxs[t].err != 0;
-        if (!any_err && nthreads > 1) merge_err = merge_all(nodes, nnodes, ctxs, nthreads);
-    }
+    if (!failed_alloc) merge_err = decode_and_merge(ctxs, nchunks, nodes, nnodes, nthreads - 1);
     Py_END_ALLOW_THREADS
     PyObject *result = NULL;
-    for (int t = 0; t < nthreads; t++) {
+    for (int t = 0; t < nchunks; t++) {
         if (ctxs[t].err) { /* the first failing range holds the first bad segment */
             Ctx *c = &ctxs[t];
             if (c->err == E_NO_MEMORY) {
@@ -1072,7 +1130,7 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
         }
     }
     if (merge_err == -2) {
-        result = Py_BuildValue("iiLLLiL", 1, E_TOO_LARGE, (long long)ctxs[nthreads - 1].seg_begin,
+        result = Py_BuildValue("iiLLLiL", 1, E_TOO_LARGE, (long long)ctxs[nchunks - 1].seg_begin,
                                0LL, 0LL, 0, 0LL);
         goto done;
     }
@@ -1097,7 +1155,7 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
         if (!idbuf) Py_DECREF(columns);
     }
 done:
-    for (int t = 0; t < nthreads; t++) free_cols(ctxs[t].cols, nnodes);
+    for (int t = 0; t < nchunks; t++) free_cols(ctxs[t].cols, nnodes);
     free(ctxs);
     free(ids.p);
     free_nodes(nodes, nnodes);
