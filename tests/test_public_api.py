@@ -16,6 +16,7 @@ EXPECTED_ALL = {
     "ArrowSerializer",
     "ArrowstashError",
     "AvroDecodeError",
+    "AvroEncodeError",
     "AvroSchemaError",
     "Backend",
     "BackendError",
@@ -37,6 +38,7 @@ EXPECTED_ALL = {
 
 ERRORS = [
     "AvroDecodeError",
+    "AvroEncodeError",
     "AvroSchemaError",
     "BackendError",
     "CorruptEntryError",
@@ -81,6 +83,7 @@ def test_errors_are_the_builtin_kinds_they_document() -> None:
     assert issubclass(arrowstash.SerializationError, TypeError)
     assert issubclass(arrowstash.AvroDecodeError, ValueError)
     assert issubclass(arrowstash.AvroSchemaError, ValueError)
+    assert issubclass(arrowstash.AvroEncodeError, ValueError)
     assert not issubclass(arrowstash.BackendError, OSError)
 
 

@@ -14,6 +14,7 @@ from arrowstash.entry import Key
 from arrowstash.errors import (
     ArrowstashError,
     AvroDecodeError,
+    AvroEncodeError,
     AvroSchemaError,
     BackendError,
     CorruptEntryError,
@@ -42,6 +43,7 @@ __all__ = [
     "ArrowSerializer",
     "ArrowstashError",
     "AvroDecodeError",
+    "AvroEncodeError",
     "AvroSchemaError",
     "Backend",
     "BackendError",

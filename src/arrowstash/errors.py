@@ -32,3 +32,7 @@ class AvroDecodeError(ArrowstashError, ValueError):
 
 class AvroSchemaError(ArrowstashError, ValueError):
     """An Avro schema is invalid or cannot map to Arrow; the message names the type or field."""
+
+
+class AvroEncodeError(ArrowstashError, ValueError):
+    """A value does not fit the Avro schema it is encoded with; names the row and column path."""

@@ -3,6 +3,7 @@
 from typing import Any
 
 from arrowstash.avro.codec import decode, decode_blocks
+from arrowstash.avro.encoder import encode
 from arrowstash.avro.from_arrow import from_arrow_schema
 from arrowstash.avro.schema import (
     Schema,
@@ -11,10 +12,11 @@ from arrowstash.avro.schema import (
     parse_schema,
     to_arrow_schema,
 )
-from arrowstash.errors import AvroDecodeError, AvroSchemaError
+from arrowstash.errors import AvroDecodeError, AvroEncodeError, AvroSchemaError
 
 __all__ = [
     "AvroDecodeError",
+    "AvroEncodeError",
     "AvroSchemaError",
     "Schema",
     "Unframed",
@@ -22,6 +24,7 @@ __all__ = [
     "canonical_form",
     "decode",
     "decode_blocks",
+    "encode",
     "fingerprint",
     "from_arrow_schema",
     "parse_schema",

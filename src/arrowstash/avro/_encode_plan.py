@@ -1,0 +1,580 @@
+"""The encode plan: an Avro schema compiled against the Arrow types of the input.
+
+Both encoders (native ``_cencode`` and pure-Python ``_encode``) walk the same plan over the same
+normalised arrays, so they cannot disagree about what is accepted. Compiling decides once per call
+which Arrow input types an Avro type accepts and how each is brought to the one physical layout
+its node reads (the Arrow mapping's type, or a few layouts read in place: large strings, plain
+strings for an enum, int64 for an int):
+
+- int: any integer type (int64/uint32/uint64 are range-checked per value); long: any integer
+  type; float/double: any float or integer type (cast, float64 -> float32 rounds).
+- string: string, large_string, string_view, dictionary of strings; bytes: any binary or string.
+- date/time/timestamp: the mapped type, or another unit (cast; a value that would lose precision
+  is an error); timestamp-* takes tz-aware timestamps of any zone (the instant is stored) and
+  naive ones as UTC; local-timestamp-* takes naive ones, and tz-aware ones as their wall time.
+- enum: a dictionary of strings in any order (remapped to the schema's symbols) or plain strings.
+- uuid: ``pa.uuid()`` or fixed_size_binary(16); a string uuid also takes 36-character text.
+- fixed: fixed_size_binary(size) or binary (every value must have ``size`` bytes).
+- decimal: any decimal type (cast to the mapped precision and scale; overflow is an error).
+- record: a struct (fields matched by name, extra fields ignored); array: list, large_list,
+  fixed_size_list or list_view; map: a map with string keys.
+- union: a dense or sparse union whose children match the branches by type code (in order) or by
+  the mapping's child names; or a plain column of one branch's type (nulls go to the null branch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from arrowstash.avro._arrow_map import arrow_type, is_nullable_union, union_child_name
+from arrowstash.avro.schema import (
+    Array,
+    AvroType,
+    Enum,
+    Fixed,
+    Map,
+    Primitive,
+    Record,
+    Union,
+    describe,
+)
+
+# Node kinds: keep in step with the enum in _encode.c.
+(
+    K_NULL, K_BOOL, K_INT32, K_INT64, K_INT64_AS_INT, K_FLOAT, K_DOUBLE, K_BINARY,
+    K_LARGE_BINARY, K_FIXED, K_ENUM, K_ENUM_STRING, K_RECORD, K_ARRAY, K_MAP, K_UNION,
+    K_DECIMAL_BYTES, K_DECIMAL_FIXED, K_UUID_STRING, K_DURATION,
+) = range(20)  # fmt: skip
+
+Normalize = Callable[[Any], Any]
+
+
+class PlanError(Exception):
+    """An input type the schema cannot take, or a value that cannot be brought to its layout.
+
+    ``path`` is the column path; encoder.py adds the row and raises AvroEncodeError.
+    """
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.message = message
+
+
+@dataclass(eq=False)
+class Node:
+    """One plan node: what to write for one Avro type read from one normalised Arrow array."""
+
+    kind: int
+    path: str
+    avro: AvroType
+    arrow: Any  # the normalised Arrow type this node reads
+    kids: list[Node] = field(default_factory=list)
+    null_branch: int = -1  # union index written for a null; -1: a null is an error
+    value_branch: int = -1  # union index written before a value; -1: none
+    p1: int = 0  # fixed size, symbol count, decimal fixed size, sparse-union flag
+    p2: int = 0  # decimal byte width (16 or 32)
+    symbols: tuple[str, ...] = ()
+    id: int = -1
+
+    def as_tuple(self) -> tuple[Any, ...]:
+        """The plan as _cencode reads it."""
+        syms = tuple(s.encode() for s in self.symbols) if self.kind == K_ENUM_STRING else ()
+        return (
+            self.kind, self.id, self.null_branch, self.value_branch, self.p1, self.p2,
+            tuple(k.as_tuple() for k in self.kids), syms,
+        )  # fmt: skip
+
+    def walk(self) -> list[Node]:
+        out = [self]
+        for kid in self.kids:
+            out.extend(kid.walk())
+        return out
+
+
+@dataclass(eq=False)
+class Plan:
+    root: Node
+    normalize_columns: list[tuple[str, Normalize]]  # input column name -> normalise
+    arrow_type: Any  # the normalised type of the array root reads
+
+    def nodes(self) -> list[Node]:
+        return self.root.walk()
+
+
+def compile_plan(root: AvroType, input_schema: Any) -> Plan:
+    """Compile ``root`` against a ``pa.Schema`` of the batches to encode."""
+    if isinstance(root, Record):
+        columns: list[tuple[str, Normalize]] = []
+        kids, fields = [], []
+        names = set(input_schema.names)
+        for f in root.fields:
+            if f.name not in names:
+                raise PlanError(f.name, f"no column {f.name!r} for the field of type "
+                                f"{describe(f.type)} (columns: {', '.join(input_schema.names)})")
+            if input_schema.get_field_index(f.name) < 0:
+                raise PlanError(f.name, "the input has several columns with this name")
+            node, norm = _compile(f.type, input_schema.field(f.name).type, f.name)
+            kids.append(node)
+            fields.append(pa.field(f.name, node.arrow))
+            columns.append((f.name, norm))
+        top = Node(K_RECORD, "", root, pa.struct(fields), kids)
+        plan = Plan(top, columns, top.arrow)
+    else:
+        if input_schema.names == [] or len(input_schema.names) != 1:
+            raise PlanError("", f"a {describe(root)} schema encodes one column, the input has "
+                            f"{len(input_schema.names)}")
+        name = input_schema.names[0]
+        node, norm = _compile(root, input_schema.field(0).type, name)
+        plan = Plan(node, [(name, norm)], node.arrow)
+    for i, n in enumerate(plan.nodes()):
+        n.id = i
+    return plan
+
+
+# -- compiling one type --------------------------------------------------------------------------
+
+
+def _same(arr: Any) -> Any:
+    return arr
+
+
+def _cast(to: Any) -> Normalize:
+    def norm(arr: Any) -> Any:
+        return arr.cast(to)
+
+    return norm
+
+
+def _unfit(path: str, t: AvroType, at: Any) -> PlanError:
+    return PlanError(path, f"Arrow type {at} cannot be encoded as Avro {describe(t)}")
+
+
+def _compile(t: AvroType, at: Any, path: str) -> tuple[Node, Normalize]:
+    node, norm = _compile_type(t, at, path)
+    return node, _guard(norm, path)
+
+
+def _guard(norm: Normalize, path: str) -> Normalize:
+    """pyarrow's refusals (a cast that would overflow or lose data) become PlanErrors of the
+    column path, so encode() can find the row and name both."""
+    if norm is _same:
+        return norm
+
+    def guarded(arr: Any) -> Any:
+        try:
+            return norm(arr)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise PlanError(path, str(exc)) from exc
+
+    return guarded
+
+
+def _compile_type(t: AvroType, at: Any, path: str) -> tuple[Node, Normalize]:
+    if isinstance(at, pa.BaseExtensionType) and not _is_uuid(at):
+        at = at.storage_type  # a foreign extension type: encode its storage
+        return _compile_storage(t, at, path)
+    if isinstance(t, Union):
+        return _union(t, at, path)
+    if pa.types.is_null(at):
+        if isinstance(t, Primitive) and t.type == "null":
+            return Node(K_NULL, path, t, pa.null()), _same
+        raise PlanError(path, f"a column of nulls (Arrow null type) cannot be encoded as "
+                        f"non-nullable Avro {describe(t)}")
+    if isinstance(t, Primitive):
+        return _primitive(t, at, path)
+    if isinstance(t, Enum):
+        return _enum(t, at, path)
+    if isinstance(t, Fixed):
+        return _fixed(t, at, path)
+    if isinstance(t, Record):
+        return _record(t, at, path)
+    if isinstance(t, Array):
+        return _array(t, at, path)
+    return _map(t, at, path)
+
+
+def _compile_storage(t: AvroType, storage: Any, path: str) -> tuple[Node, Normalize]:
+    node, norm = _compile(t, storage, path)
+    return node, lambda arr: norm(arr.storage)
+
+
+def _is_uuid(at: Any) -> bool:
+    return isinstance(at, pa.BaseExtensionType) and at.extension_name == "arrow.uuid"
+
+
+def _primitive(t: Primitive, at: Any, path: str) -> tuple[Node, Normalize]:
+    lt, kind = t.logical_type, t.type
+    if lt is None:
+        return _plain(t, at, path)
+    if lt == "decimal":
+        return _decimal(t, at, path, K_DECIMAL_BYTES, 0)
+    if lt == "uuid":
+        if _is_uuid(at) or at == pa.binary(16):
+            return Node(K_UUID_STRING, path, t, pa.binary(16)), _uuid_storage
+        if pa.types.is_string(at) or pa.types.is_large_string(at) or pa.types.is_string_view(at):
+            return Node(K_BINARY, path, t, pa.string()), _uuid_text(path)
+        raise _unfit(path, t, at)
+    want = arrow_type(t)
+    if lt == "date":
+        if at == pa.date32():
+            return Node(K_INT32, path, t, want), _same
+        if at == pa.date64():
+            return Node(K_INT32, path, t, want), _cast(want)
+        raise _unfit(path, t, at)
+    if lt in ("time-millis", "time-micros"):
+        if not (pa.types.is_time32(at) or pa.types.is_time64(at)):
+            raise _unfit(path, t, at)
+        k = K_INT32 if kind == "int" else K_INT64
+        return Node(k, path, t, want), (_same if at == want else _cast(want))
+    # timestamp-* and local-timestamp-*
+    if not pa.types.is_timestamp(at):
+        raise _unfit(path, t, at)
+    local = lt.startswith("local-")
+    norm = _timestamp(want, at, local)
+    return Node(K_INT64, path, t, want), norm
+
+
+def _timestamp(want: Any, at: Any, local: bool) -> Normalize:
+    if local and at.tz is not None:
+        def to_wall(arr: Any) -> Any:
+            return pc.local_timestamp(arr).cast(want)
+
+        return to_wall
+    # naive -> UTC keeps the stored value; another zone keeps the instant; another unit is a
+    # checked cast (a value that would lose precision or overflow raises)
+    return _same if at == want else _cast(want)
+
+
+def _plain(t: Primitive, at: Any, path: str) -> tuple[Node, Normalize]:
+    kind = t.type
+    is_int = pa.types.is_integer(at)
+    if kind == "boolean" and pa.types.is_boolean(at):
+        return Node(K_BOOL, path, t, pa.bool_()), _same
+    if kind == "int" and is_int:
+        if at == pa.int32():
+            return Node(K_INT32, path, t, at), _same
+        if at.bit_width < 32 or at == pa.uint16():
+            return Node(K_INT32, path, t, pa.int32()), _cast(pa.int32())
+        norm = _same if at == pa.int64() else _cast(pa.int64())
+        return Node(K_INT64_AS_INT, path, t, pa.int64()), norm
+    if kind == "long" and is_int:
+        return Node(K_INT64, path, t, pa.int64()), _same if at == pa.int64() else _cast(pa.int64())
+    if kind in ("float", "double") and (pa.types.is_floating(at) or is_int):
+        want = pa.float32() if kind == "float" else pa.float64()
+        k = K_FLOAT if kind == "float" else K_DOUBLE
+        return Node(k, path, t, want), _same if at == want else _cast(want)
+    if kind == "string":
+        if at == pa.string():
+            return Node(K_BINARY, path, t, at), _same
+        if pa.types.is_large_string(at):
+            return Node(K_LARGE_BINARY, path, t, at), _same
+        if pa.types.is_string_view(at) or (
+            pa.types.is_dictionary(at) and _is_text(at.value_type)
+        ):
+            return Node(K_BINARY, path, t, pa.string()), _cast(pa.string())
+    if kind == "bytes":
+        if at == pa.binary():
+            return Node(K_BINARY, path, t, at), _same
+        if pa.types.is_large_binary(at):
+            return Node(K_LARGE_BINARY, path, t, at), _same
+        if pa.types.is_large_string(at):
+            return Node(K_LARGE_BINARY, path, t, pa.large_binary()), _cast(pa.large_binary())
+        if (
+            pa.types.is_binary_view(at)
+            or pa.types.is_fixed_size_binary(at)
+            or _is_text(at)
+        ):
+            return Node(K_BINARY, path, t, pa.binary()), _cast(pa.binary())
+    raise _unfit(path, t, at)
+
+
+def _is_text(at: Any) -> bool:
+    return bool(
+        pa.types.is_string(at) or pa.types.is_large_string(at) or pa.types.is_string_view(at)
+    )
+
+
+def _uuid_storage(arr: Any) -> Any:
+    return arr.storage if isinstance(arr, pa.ExtensionArray) else arr
+
+
+_UUID_TEXT = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+
+
+def _uuid_text(path: str) -> Normalize:
+    def norm(arr: Any) -> Any:
+        arr = arr.cast(pa.string())
+        ok = pc.match_substring_regex(arr, _UUID_TEXT)
+        if pc.any(pc.invert(ok)).as_py():
+            bad = arr.filter(pc.invert(ok))[0].as_py()
+            raise PlanError(path, f"{bad!r} is not a UUID (8-4-4-4-12 hex digits)")
+        return pc.utf8_lower(arr)  # the canonical text form is lower case
+
+    return norm
+
+
+def _decimal(
+    t: Primitive | Fixed, at: Any, path: str, kind: int, size: int
+) -> tuple[Node, Normalize]:
+    if not pa.types.is_decimal(at):
+        raise _unfit(path, t, at)
+    want = arrow_type(t)
+    width = 16 if pa.types.is_decimal128(want) else 32
+    return Node(kind, path, t, want, p1=size, p2=width), _same if at == want else _cast(want)
+
+
+def _enum(t: Enum, at: Any, path: str) -> tuple[Node, Normalize]:
+    n = len(t.symbols)
+    if pa.types.is_dictionary(at) and _is_text(at.value_type):
+        return Node(K_ENUM, path, t, pa.int32(), p1=n, symbols=t.symbols), _enum_indices(t, path)
+    if at == pa.string():
+        return Node(K_ENUM_STRING, path, t, at, p1=n, symbols=t.symbols), _same
+    if _is_text(at):
+        node = Node(K_ENUM_STRING, path, t, pa.string(), p1=n, symbols=t.symbols)
+        return node, _cast(pa.string())
+    raise _unfit(path, t, at)
+
+
+def _enum_indices(t: Enum, path: str) -> Normalize:
+    where = {s: i for i, s in enumerate(t.symbols)}
+
+    def norm(arr: Any) -> Any:
+        values = arr.dictionary.to_pylist()
+        indices = arr.indices
+        if values == list(t.symbols[: len(values)]):
+            return indices if indices.type == pa.int32() else indices.cast(pa.int32())
+        remap = pa.array([where.get(v, -1) if v is not None else None for v in values], pa.int32())
+        out = remap.take(indices)
+        if out.null_count < len(out) and pc.min(out).as_py() == -1:
+            bad = values[indices[pc.index(out, -1).as_py()].as_py()]
+            raise PlanError(path, f"{bad!r} is not a symbol of enum {t.name} {list(t.symbols)}")
+        return out
+
+    return norm
+
+
+def _fixed(t: Fixed, at: Any, path: str) -> tuple[Node, Normalize]:
+    if t.logical_type == "decimal":
+        return _decimal(t, at, path, K_DECIMAL_FIXED, t.size)
+    if t.logical_type == "duration":
+        if at == pa.month_day_nano_interval():
+            return Node(K_DURATION, path, t, at), _same
+        raise _unfit(path, t, at)
+    want = pa.binary(t.size)
+    if t.logical_type == "uuid" and _is_uuid(at):
+        return Node(K_FIXED, path, t, want, p1=t.size), _uuid_storage
+    if at == want:
+        return Node(K_FIXED, path, t, want, p1=t.size), _same
+    if pa.types.is_binary(at) or pa.types.is_large_binary(at) or pa.types.is_binary_view(at):
+        def norm(arr: Any) -> Any:
+            try:
+                return arr.cast(pa.binary()).cast(want)
+            except pa.ArrowInvalid as exc:
+                message = f"a value is not {t.size} bytes long (fixed {t.name})"
+                raise PlanError(path, message) from exc
+
+        return Node(K_FIXED, path, t, want, p1=t.size), norm
+    raise _unfit(path, t, at)
+
+
+def _record(t: Record, at: Any, path: str) -> tuple[Node, Normalize]:
+    if not pa.types.is_struct(at):
+        raise _unfit(path, t, at)
+    names = [at.field(i).name for i in range(at.num_fields)]
+    kids, norms, fields, positions = [], [], [], []
+    for f in t.fields:
+        sub = f"{path}.{f.name}" if path else f.name
+        if f.name not in names:
+            raise PlanError(sub, f"struct has no field {f.name!r} for Avro {describe(f.type)}")
+        i = names.index(f.name)
+        node, norm = _compile(f.type, at.field(i).type, sub)
+        kids.append(node)
+        norms.append(norm)
+        fields.append(pa.field(f.name, node.arrow))
+        positions.append(i)
+    want = pa.struct(fields)
+    node = Node(K_RECORD, path, t, want, kids)
+    in_place = positions == list(range(at.num_fields))
+    if in_place and all(n is _same for n in norms):
+        return node, _same
+
+    def rebuild(arr: Any) -> Any:
+        children = [n(arr.field(i)) for n, i in zip(norms, positions, strict=True)]
+        mask = arr.is_null() if arr.null_count else None
+        return pa.StructArray.from_arrays(children, fields=fields, mask=mask)
+
+    return node, rebuild
+
+
+def _own_buffers(arr: Any, n: int) -> list[Any]:
+    buffers: list[Any] = arr.buffers()
+    return buffers[:n]
+
+
+def _array(t: Array, at: Any, path: str) -> tuple[Node, Normalize]:
+    if not (
+        pa.types.is_list(at)
+        or pa.types.is_large_list(at)
+        or pa.types.is_fixed_size_list(at)
+        or pa.types.is_list_view(at)
+        or pa.types.is_large_list_view(at)
+    ):
+        raise _unfit(path, t, at)
+    item, item_norm = _compile(t.items, at.value_type, f"{path}[]")
+    want = pa.list_(pa.field("item", item.arrow))
+    node = Node(K_ARRAY, path, t, want, [item])
+    as_list = pa.list_(at.value_field)
+    if pa.types.is_list(at) and item_norm is _same:
+        return node, _same
+
+    def rebuild(arr: Any) -> Any:
+        if arr.type != as_list:
+            arr = arr.cast(as_list)
+        values = item_norm(arr.values)
+        return pa.Array.from_buffers(
+            want, len(arr), _own_buffers(arr, 2), arr.null_count, arr.offset, [values]
+        )
+
+    return node, rebuild
+
+
+def _map(t: Map, at: Any, path: str) -> tuple[Node, Normalize]:
+    if not pa.types.is_map(at):
+        raise _unfit(path, t, at)
+    if not _is_text(at.key_type):
+        raise _unfit(path, t, at)
+    key = Node(K_BINARY, f"{path}{{}}key", Primitive("string"), pa.string())
+    key_norm = _same if at.key_type == pa.string() else _cast(pa.string())
+    value, value_norm = _compile(t.values, at.item_type, f"{path}{{}}")
+    want = arrow_type(t)
+    want = pa.map_(want.key_field, pa.field("value", value.arrow, nullable=True))
+    node = Node(K_MAP, path, t, want, [key, value])
+    if key_norm is _same and value_norm is _same:
+        return node, _same
+
+    def rebuild(arr: Any) -> Any:
+        keys, items = key_norm(arr.keys), value_norm(arr.items)
+        entries = pa.StructArray.from_arrays(
+            [keys, items], fields=[want.key_field, want.item_field]
+        )
+        return pa.Array.from_buffers(
+            want, len(arr), _own_buffers(arr, 2), arr.null_count, arr.offset, [entries]
+        )
+
+    return node, rebuild
+
+
+# -- unions --------------------------------------------------------------------------------------
+
+
+def _union(t: Union, at: Any, path: str) -> tuple[Node, Normalize]:
+    null = t.null_index
+    if is_nullable_union(t) and not pa.types.is_union(at):
+        assert null is not None
+        branch = 1 - null
+        if pa.types.is_null(at):
+            node = Node(K_NULL, path, t, pa.null(), value_branch=null)
+            return node, _same
+        node, norm = _compile(t.branches[branch], at, path)
+        node.null_branch, node.value_branch = null, branch
+        return node, norm
+    if pa.types.is_union(at):
+        return _union_of_union(t, at, path)
+    # a plain column holding one branch's type: pick the branch whose mapped type it is, else
+    # the first branch that takes it
+    if pa.types.is_null(at):
+        if null is None:
+            raise _unfit(path, t, at)
+        return Node(K_NULL, path, t, pa.null(), value_branch=null), _same
+    candidates = sorted(
+        (i for i, b in enumerate(t.branches) if b.type != "null"),
+        key=lambda i: _safe_arrow_type(t.branches[i]) != at,
+    )
+    for i in candidates:
+        try:
+            node, norm = _compile(t.branches[i], at, path)
+        except PlanError:
+            continue
+        node.null_branch = -1 if null is None else null
+        node.value_branch = i
+        return node, norm
+    raise _unfit(path, t, at)
+
+
+def _safe_arrow_type(t: AvroType) -> Any:
+    try:
+        return arrow_type(t)
+    except Exception:  # a recursive branch maps to nothing; it simply does not match
+        return None
+
+
+def _union_of_union(t: Union, at: Any, path: str) -> tuple[Node, Normalize]:
+    n = len(t.branches)
+    names = [union_child_name(b) for b in t.branches]
+    codes = list(at.type_codes)
+    child_names = [at.field(i).name for i in range(at.num_fields)]
+    if at.num_fields != n:
+        raise PlanError(path, f"union of {at.num_fields} children for the {n} branches of "
+                        f"{describe(t)}")
+    if codes == list(range(n)):
+        order = list(range(n))  # child k is branch k
+    elif sorted(child_names) == sorted(names):
+        order = [child_names.index(name) for name in names]
+    else:
+        raise PlanError(path, f"cannot match the union's children {child_names} (type codes "
+                        f"{codes}) to the branches {names}")
+    kids, norms, fields = [], [], []
+    for branch, pos in enumerate(order):
+        sub = f"{path}<{names[branch]}>"
+        node, norm = _compile(t.branches[branch], at.field(pos).type, sub)
+        kids.append(node)
+        norms.append(norm)
+        nullable = t.branches[branch].type == "null"
+        fields.append(pa.field(names[branch], node.arrow, nullable=nullable))
+    sparse = at.mode == "sparse"
+    make = pa.sparse_union if sparse else pa.dense_union
+    want = make(fields, type_codes=list(range(n)))
+    node = Node(K_UNION, path, t, want, kids, p1=int(sparse))
+    # code_of[c] = branch of Arrow type code c
+    code_of = {codes[pos]: branch for branch, pos in enumerate(order)}
+    identity = all(code_of[c] == c for c in codes)
+    if identity and all(k is _same for k in norms):
+        return node, _same
+
+    def rebuild(arr: Any) -> Any:
+        # rebuilt with offset 0: sparse children come from pyarrow already sliced to the rows
+        own = arr.buffers()
+        types_buf = own[1].slice(arr.offset, len(arr))
+        if not identity:
+            table = pa.array([code_of.get(c, -1) for c in range(128)], pa.int8())
+            types = pa.Array.from_buffers(pa.int8(), len(arr), [None, types_buf])
+            types_buf = table.take(types).buffers()[1]
+        children = [norms[b](arr.field(order[b])) for b in range(n)]
+        buffers = [None, types_buf]
+        if not sparse:
+            buffers.append(own[2].slice(4 * arr.offset, 4 * len(arr)))
+        return pa.Array.from_buffers(want, len(arr), buffers, 0, 0, children)
+
+    return node, rebuild
+
+
+def same_layout(a: Any, b: Any) -> bool:
+    """Whether two Arrow types have the same physical layout (names and zones aside)."""
+    if isinstance(a, pa.BaseExtensionType):
+        a = a.storage_type
+    if isinstance(b, pa.BaseExtensionType):
+        b = b.storage_type
+    if a.id != b.id or a.num_fields != b.num_fields:
+        return False
+    fixed = pa.types.is_fixed_size_binary(a) or pa.types.is_decimal(a)
+    if fixed and a.byte_width != b.byte_width:
+        return False
+    if pa.types.is_union(a) and a.mode != b.mode:
+        return False
+    return all(same_layout(a.field(i).type, b.field(i).type) for i in range(a.num_fields))

@@ -1,0 +1,183 @@
+"""``encode``: Arrow record batches and tables -> one Avro binary datum per row."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from arrowstash.avro import _encode
+from arrowstash.avro._encode_plan import (
+    K_RECORD,
+    Node,
+    Plan,
+    PlanError,
+    compile_plan,
+    same_layout,
+)
+from arrowstash.avro.schema import SchemaLike, parse_schema
+from arrowstash.errors import AvroEncodeError
+
+__all__ = ["encode"]
+
+# Below this many rows per thread, starting a thread costs more than it saves.
+_MIN_ROWS_PER_THREAD = 4096
+
+
+def encode(data: Any, schema: SchemaLike, *, threads: int | None = None) -> Any:
+    """Encode every row of ``data`` as one Avro binary datum (no framing, no header).
+
+    ``data`` is a ``pa.RecordBatch`` or ``pa.Table`` (every chunk, one result). A record schema
+    takes its fields from the columns of the same name (extra columns are ignored); any other
+    schema encodes the single column. Columns may hold the types of the Arrow mapping or
+    compatible ones (other integer widths, large or view strings, other time units, plain or
+    dictionary strings for enums...: see ``arrowstash.avro._encode_plan``).
+
+    Returns a ``pa.BinaryArray`` whose data buffer is the datums back to back, so they can be
+    framed or written to an Object Container File without copying (a ``pa.LargeBinaryArray``
+    when they exceed 2 GiB). The native encoder releases the GIL and splits the rows across
+    ``threads`` (None: the cores this process may use); the output does not depend on it.
+
+    A value that does not fit raises AvroEncodeError naming the row and the column path (an int
+    out of range, a null in a non-nullable field, a symbol not in the enum, a fixed of the
+    wrong size, a decimal too wide for its fixed, ...).
+    """
+    parsed = parse_schema(schema)
+    batches = _batches(data)
+    try:
+        plan = compile_plan(parsed.root, batches[0].schema if batches else data.schema)
+    except PlanError as exc:
+        raise AvroEncodeError(f"column {exc.path!r}: {exc.message}") from None
+    arrays, row = [], 0
+    for batch in batches:
+        if batch.num_rows:
+            arrays.append(_normalize(plan, batch, row))
+            row += batch.num_rows
+    native = _native()
+    if native is None:
+        return _encode_python(plan.root, arrays)
+    n_threads = _thread_count(threads, row)
+    capsules = [a.__arrow_c_array__()[1] for a in arrays]
+    # Scratch from Arrow's pool (which reuses freed pages); one thread's scratch is the output.
+    guess = (sum(a.nbytes for a in arrays) + 8 * row) // n_threads + 4096
+    scratch = [pa.allocate_buffer(guess, resizable=True) for _ in range(n_threads)]
+    data, offsets, large, size, error = native.encode(
+        plan.root.as_tuple(), capsules, scratch, pa.allocate_buffer
+    )
+    if error is not None:
+        raise _describe_native_error(plan, arrays, error)
+    if data is scratch[0]:
+        data.resize(size, shrink_to_fit=True)  # in place: the pool shrinks without moving
+    kind = pa.large_binary() if large else pa.binary()
+    return pa.Array.from_buffers(kind, row, [None, offsets, data])
+
+
+def _native() -> Any:
+    """The native encoder, or None when it is not built or ARROWSTASH_NO_EXTENSION is set."""
+    if os.environ.get("ARROWSTASH_NO_EXTENSION"):
+        return None
+    try:
+        from arrowstash.avro import _cencode  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _cencode
+
+
+def _thread_count(threads: int | None, rows: int) -> int:
+    if threads is None:
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    elif threads < 1:
+        raise ValueError(f"threads must be at least 1, got {threads}")
+    return max(1, min(threads, rows // _MIN_ROWS_PER_THREAD))
+
+
+def _batches(data: Any) -> list[Any]:
+    if isinstance(data, pa.RecordBatch):
+        data.validate()
+        return [data]
+    if isinstance(data, pa.Table):
+        data.validate()
+        batches: list[Any] = data.to_batches()
+        return batches
+    raise TypeError(f"encode takes a pyarrow.RecordBatch or pyarrow.Table, got {type(data)!r}")
+
+
+def _normalize(plan: Plan, batch: Any, first_row: int) -> Any:
+    """The batch's columns in the layouts the plan reads: one struct array, or the one column."""
+    columns = []
+    for name, norm in plan.normalize_columns:
+        column = batch.column(name)
+        try:
+            columns.append(norm(column))
+        except PlanError as exc:
+            row = _first_bad_row(norm, column)
+            message = _message_at(norm, column, row) or exc.message
+            where = f"row {first_row + row}, column {exc.path!r}"
+            raise AvroEncodeError(f"{where}: {message}") from None
+    if plan.root.kind == K_RECORD:
+        names = [name for name, _ in plan.normalize_columns]
+        fields = [pa.field(n, c.type) for n, c in zip(names, columns, strict=True)]
+        top = pa.StructArray.from_arrays(columns, fields=fields)
+    else:
+        top = columns[0]
+    if not same_layout(top.type, plan.arrow_type):  # the C encoder trusts this
+        raise AssertionError(f"normalised {top.type} does not have the layout {plan.arrow_type}")
+    return top
+
+
+def _first_bad_row(norm: Any, column: Any) -> int:
+    """Bisect the first row whose normalisation fails (every row is normalised on its own)."""
+    lo, hi = 0, len(column)  # rows [0, lo) normalise; rows [0, hi) do not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            norm(column.slice(0, mid))
+        except PlanError:
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
+def _message_at(norm: Any, column: Any, row: int) -> str | None:
+    try:
+        norm(column.slice(row, 1))
+    except PlanError as exc:
+        return exc.message
+    return None
+
+
+def _encode_python(root: Node, arrays: Sequence[Any]) -> Any:
+    try:
+        data, offsets = _encode.encode_rows(root, arrays)
+    except _encode.Fault as fault:
+        raise _error(fault.row, fault) from None
+    large = len(data) > 2**31 - 1
+    kind = pa.large_binary() if large else pa.binary()
+    offs = pa.array(offsets, pa.int64() if large else pa.int32())
+    return pa.Array.from_buffers(
+        kind, len(offsets) - 1, [None, offs.buffers()[1], pa.py_buffer(data)]
+    )
+
+
+def _error(row: int, fault: _encode.Fault) -> AvroEncodeError:
+    return AvroEncodeError(f"row {row}, column {fault.node.path!r}: {fault.message}")
+
+
+def _describe_native_error(plan: Plan, arrays: Sequence[Any], error: tuple[int, ...]) -> Exception:
+    """Word the native encoder's (row, node, code, value) by re-encoding that row in Python."""
+    row, node_id, code, value = error
+    start = 0
+    for arr in arrays:
+        if row < start + len(arr):
+            try:
+                _encode.encode_rows(plan.root, [arr.slice(row - start, 1)])
+            except _encode.Fault as fault:
+                return _error(row, fault)
+            break
+        start += len(arr)
+    node = plan.nodes()[node_id] if 0 <= node_id < len(plan.nodes()) else None
+    path = node.path if node else "?"
+    return AvroEncodeError(f"row {row}, column {path!r}: value does not fit (code {code}, {value})")
