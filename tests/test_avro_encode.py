@@ -20,14 +20,10 @@ from hypothesis import strategies as st
 from _avro_arrow import to_arrow, to_batch
 from _avro_strategies import avro_schemas, values_for
 from arrowstash import ArrowstashError, AvroEncodeError
-from arrowstash.avro import encode, parse_schema
+from arrowstash.avro import decode, encode, parse_schema
+from arrowstash.avro import encoder as encoder_module
 
-try:
-    from arrowstash.avro import _cencode  # type: ignore[attr-defined]  # noqa: F401
-
-    NATIVE = True
-except ImportError:
-    NATIVE = False
+NATIVE = encoder_module._cencode is not None
 
 needs_native = pytest.mark.skipif(not NATIVE, reason="the native encoder is not built")
 
@@ -74,7 +70,7 @@ def fastavro_read(schema: Any, datums: list[bytes]) -> list[Any]:
 
 def python_encode(data: Any, schema: Any, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> Any:
     with monkeypatch.context() as m:
-        m.setenv("ARROWSTASH_NO_EXTENSION", "1")
+        m.setenv("ARROWSTASH_AVRO_NATIVE", "0")
         return encode(data, schema, **kw)
 
 
@@ -113,6 +109,10 @@ def test_same_bytes_as_fastavro_and_read_back(case: tuple[Any, list[Any]]) -> No
         assert fastavro_read(schema, datums) == records
     # the data buffer is the datums back to back (what OCF writing slices)
     assert out.buffers()[2].to_pybytes()[: sum(map(len, datums))] == b"".join(datums)
+    # round trips through the decoder, both ways
+    decoded = decode(out, schema)
+    assert decoded.to_pylist() == batch.to_pylist()
+    assert encode(decoded, schema).to_pylist() == datums
 
 
 @needs_native
@@ -123,7 +123,7 @@ def test_native_and_python_encoders_agree(case: tuple[Any, list[Any]]) -> None:
     batch = to_batch(parse_schema(schema), records)
     with pytest.MonkeyPatch.context() as m:
         native = encode(batch, schema).to_pylist()
-        m.setenv("ARROWSTASH_NO_EXTENSION", "1")
+        m.setenv("ARROWSTASH_AVRO_NATIVE", "0")
         python = encode(batch, schema).to_pylist()
     assert native == python
 
@@ -519,7 +519,7 @@ def test_type_and_range_errors(
     with pytest.raises(AvroEncodeError, match=message) as native:
         one(avro, column)
     with monkeypatch.context() as m:
-        m.setenv("ARROWSTASH_NO_EXTENSION", "1")
+        m.setenv("ARROWSTASH_AVRO_NATIVE", "0")
         with pytest.raises(AvroEncodeError) as python:
             one(avro, column)
     assert str(python.value) == str(native.value)

@@ -407,7 +407,8 @@ def _record(t: Record, at: Any, path: str) -> tuple[Node, Normalize]:
     def rebuild(arr: Any) -> Any:
         children = [n(arr.field(i)) for n, i in zip(norms, positions, strict=True)]
         mask = arr.is_null() if arr.null_count else None
-        return pa.StructArray.from_arrays(children, fields=fields, mask=mask)
+        names = [f.name for f in fields]
+        return pa.StructArray.from_arrays(children, names=names, mask=mask)
 
     return node, rebuild
 
@@ -437,8 +438,10 @@ def _array(t: Array, at: Any, path: str) -> tuple[Node, Normalize]:
         if arr.type != as_list:
             arr = arr.cast(as_list)
         values = item_norm(arr.values)
+        # the rebuilt types follow the children's own (nullability of nested fields included)
         return pa.Array.from_buffers(
-            want, len(arr), _own_buffers(arr, 2), arr.null_count, arr.offset, [values]
+            pa.list_(values.type), len(arr), _own_buffers(arr, 2), arr.null_count, arr.offset,
+            [values],
         )
 
     return node, rebuild
@@ -461,10 +464,11 @@ def _map(t: Map, at: Any, path: str) -> tuple[Node, Normalize]:
     def rebuild(arr: Any) -> Any:
         keys, items = key_norm(arr.keys), value_norm(arr.items)
         entries = pa.StructArray.from_arrays(
-            [keys, items], fields=[want.key_field, want.item_field]
+            [keys, items], fields=[want.key_field, pa.field("value", items.type)]
         )
         return pa.Array.from_buffers(
-            want, len(arr), _own_buffers(arr, 2), arr.null_count, arr.offset, [entries]
+            pa.map_(want.key_field, pa.field("value", items.type)), len(arr),
+            _own_buffers(arr, 2), arr.null_count, arr.offset, [entries],
         )
 
     return node, rebuild
@@ -559,7 +563,11 @@ def _union_of_union(t: Union, at: Any, path: str) -> tuple[Node, Normalize]:
         buffers = [None, types_buf]
         if not sparse:
             buffers.append(own[2].slice(4 * arr.offset, 4 * len(arr)))
-        return pa.Array.from_buffers(want, len(arr), buffers, 0, 0, children)
+        actual = make(
+            [pa.field(f.name, c.type, f.nullable) for f, c in zip(fields, children, strict=True)],
+            type_codes=list(range(n)),
+        )
+        return pa.Array.from_buffers(actual, len(arr), buffers, 0, 0, children)
 
     return node, rebuild
 

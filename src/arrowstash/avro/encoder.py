@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -39,6 +40,8 @@ def encode(data: Any, schema: SchemaLike, *, threads: int | None = None) -> Any:
     framed or written to an Object Container File without copying (a ``pa.LargeBinaryArray``
     when they exceed 2 GiB). The native encoder releases the GIL and splits the rows across
     ``threads`` (None: the cores this process may use); the output does not depend on it.
+    Without the compiled extension (or with ``ARROWSTASH_AVRO_NATIVE=0``) a pure-Python encoder
+    gives the same bytes and errors, on one thread.
 
     A value that does not fit raises AvroEncodeError naming the row and the column path (an int
     out of range, a null in a non-nullable field, a symbol not in the enum, a fixed of the
@@ -74,13 +77,16 @@ def encode(data: Any, schema: SchemaLike, *, threads: int | None = None) -> Any:
     return pa.Array.from_buffers(kind, row, [None, offsets, data])
 
 
+_cencode: Any
+try:  # the compiled encoder; absent where the package was installed without a compiler
+    _cencode = importlib.import_module("arrowstash.avro._cencode")
+except ImportError:  # pragma: no cover - depends on the build
+    _cencode = None
+
+
 def _native() -> Any:
-    """The native encoder, or None when it is not built or ARROWSTASH_NO_EXTENSION is set."""
-    if os.environ.get("ARROWSTASH_NO_EXTENSION"):
-        return None
-    try:
-        from arrowstash.avro import _cencode  # type: ignore[attr-defined]
-    except ImportError:
+    """The native encoder, or None when it is not built or ``ARROWSTASH_AVRO_NATIVE=0``."""
+    if os.environ.get("ARROWSTASH_AVRO_NATIVE", "1") == "0":
         return None
     return _cencode
 
