@@ -1,7 +1,8 @@
-"""Build of the optional native Avro decoder; everything else is configured in pyproject.toml.
+"""Build of the optional native Avro decoder and encoder; everything else is configured in
+pyproject.toml.
 
 ``optional=True``: where no C compiler (or no pthreads) exists, the install still succeeds and
-``arrowstash.avro`` uses its pure-Python decoder.
+``arrowstash.avro`` uses its pure-Python decoder and encoder.
 """
 
 from setuptools import Extension, setup
@@ -11,6 +12,13 @@ setup(
         Extension(
             "arrowstash.avro._cdecode",
             ["src/arrowstash/avro/_cdecode.c"],
+            extra_compile_args=["-O3", "-pthread", "-Wall", "-Wno-missing-field-initializers"],
+            extra_link_args=["-pthread"],
+            optional=True,
+        ),
+        Extension(
+            "arrowstash.avro._cencode",
+            ["src/arrowstash/avro/_encode.c"],
             extra_compile_args=["-O3", "-pthread", "-Wall", "-Wno-missing-field-initializers"],
             extra_link_args=["-pthread"],
             optional=True,
