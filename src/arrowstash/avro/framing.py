@@ -104,7 +104,7 @@ def _as_bytes(messages: Iterable[Any]) -> list[Any]:
     return [m if isinstance(m, bytes) else bytes(m) for m in messages]
 
 
-def _offsets(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+def offsets_and_data(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """The array's offsets (int64, relative to its data buffer) and its data as uint8."""
     width = np.int64 if array.type == pa.large_binary() else np.int32
     buffers = array.buffers()
@@ -129,7 +129,7 @@ def ids_of(messages: Any, kind: str | Framing) -> pa.Array:
     spec = framing(kind)
     array = as_binary(messages)
     _no_nulls(array)
-    offsets, data = _offsets(array)
+    offsets, data = offsets_and_data(array)
     starts = offsets[:-1]
     lengths = offsets[1:] - starts
     short = np.flatnonzero(lengths < spec.size)
@@ -174,7 +174,7 @@ def strip_header(messages: Any, kind: str | Framing, *,
                 f"message {i}: {spec.what} {ids[i].as_py()} is not the expected "
                 f"{_listing(allowed)}"
             )
-    offsets, data = _offsets(array)
+    offsets, data = offsets_and_data(array)
     n = len(array)
     keep = np.ones(data.size, dtype=bool)
     keep[: offsets[0]] = False
@@ -199,7 +199,7 @@ def add_header(payloads: Any, kind: str | Framing, ids: int | Sequence[int] | An
     spec = framing(kind)
     array = as_binary(payloads)
     _no_nulls(array)
-    offsets, data = _offsets(array)
+    offsets, data = offsets_and_data(array)
     n = len(array)
     id_values = np.asarray(ids.to_numpy(zero_copy_only=False) if isinstance(ids, pa.Array)
                            else ids)

@@ -1,0 +1,435 @@
+"""Avro Object Container Files: the header, the blocks, their codecs, and tables in and out.
+
+A file is ``Obj\\x01``, a metadata map (``avro.schema``, ``avro.codec``, ...), a 16-byte sync
+marker, then blocks: a datum count, a byte size, the (compressed) datums and the sync marker
+again. Blocks are decompressed on a thread pool (zlib, bz2, lzma and Arrow's codecs release the
+GIL) and decoded together by :func:`arrowstash.avro.decode_blocks`, which splits them across
+threads. Every structural problem is an :class:`~arrowstash.AvroDecodeError` naming the block
+and the byte offset in the file.
+"""
+
+from __future__ import annotations
+
+import bz2
+import lzma
+import os
+import re
+import zlib
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, BinaryIO, TypeAlias
+
+import pyarrow as pa
+
+from arrowstash.avro._np import numpy as np
+from arrowstash.avro.framing import offsets_and_data
+from arrowstash.errors import AvroDecodeError
+
+__all__ = ["CODECS", "Header", "header_of", "read_header", "read_ocf", "write_ocf"]
+
+MAGIC = b"Obj\x01"
+SYNC_SIZE = 16
+#: Codec names as the specification spells them; "zstd" is accepted for "zstandard".
+CODECS = ("null", "deflate", "snappy", "zstandard", "bzip2", "xz")
+_ALIASES = {"zstd": "zstandard", None: "null"}
+
+#: Where a file is read from: a path (memory-mapped), a binary file object, or bytes in memory.
+Source: TypeAlias = "str | os.PathLike[str] | BinaryIO | IO[bytes] | bytes | memoryview | pa.Buffer"
+#: Where a file is written: a path or a binary file object.
+Destination: TypeAlias = "str | os.PathLike[str] | BinaryIO | IO[bytes]"
+
+
+# -- varints ----------------------------------------------------------------------------------
+
+class _Cursor:
+    """Reads Avro longs and byte strings from a buffer, bounds-checked."""
+
+    def __init__(self, data: memoryview, pos: int = 0) -> None:
+        self.data = data
+        self.pos = pos
+
+    def long(self, what: str) -> int:
+        data, pos = self.data, self.pos
+        shift = result = 0
+        while True:
+            if pos >= len(data):
+                raise _Truncated(f"file ends inside {what}")
+            byte = data[pos]
+            pos += 1
+            result |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                break
+            shift += 7
+            if shift > 63:
+                raise _Corrupt(f"{what} is a varint longer than 10 bytes")
+        self.pos = pos
+        return (result >> 1) ^ -(result & 1)
+
+    def take(self, size: int, what: str) -> memoryview:
+        if size < 0:
+            raise _Corrupt(f"{what} has negative size {size}")
+        end = self.pos + size
+        if end > len(self.data):
+            raise _Truncated(f"file ends inside {what} ({size} bytes announced, "
+                             f"{len(self.data) - self.pos} left)")
+        view = self.data[self.pos : end]
+        self.pos = end
+        return view
+
+
+class _Truncated(Exception):
+    pass
+
+
+class _Corrupt(Exception):
+    pass
+
+
+def _long(value: int) -> bytes:
+    value = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+# -- header -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Header:
+    """What a file's header says: its metadata, codec, schema JSON and sync marker."""
+
+    metadata: dict[str, bytes]
+    sync: bytes
+    size: int  # bytes up to the first block
+
+    @property
+    def codec(self) -> str:
+        return self.metadata.get("avro.codec", b"null").decode("utf-8", "replace") or "null"
+
+    @property
+    def schema_json(self) -> str:
+        try:
+            return self.metadata["avro.schema"].decode()
+        except KeyError:
+            raise AvroDecodeError("the file's header has no avro.schema") from None
+
+
+def read_header(data: memoryview) -> Header:
+    """Parse the header at the start of ``data``."""
+    if bytes(data[:4]) == b"Obj\x00":
+        raise AvroDecodeError("a version 0 container file (Avro 1.2); only version 1 is read")
+    if bytes(data[:4]) != MAGIC:
+        raise AvroDecodeError(
+            f"not an Avro object container file: starts {bytes(data[:4])!r}, not {MAGIC!r}"
+        )
+    cursor = _Cursor(data, 4)
+    metadata: dict[str, bytes] = {}
+    try:
+        while True:
+            count = cursor.long("the header's metadata map")
+            if count == 0:
+                break
+            if count < 0:  # a negative count is followed by the block's size in bytes
+                count = -count
+                cursor.long("the header's metadata map")
+            for _ in range(count):
+                key = bytes(cursor.take(cursor.long("a metadata key"), "a metadata key"))
+                value = bytes(cursor.take(cursor.long("a metadata value"), "a metadata value"))
+                metadata[key.decode("utf-8", "replace")] = value
+        sync = bytes(cursor.take(SYNC_SIZE, "the header's sync marker"))
+    except (_Truncated, _Corrupt) as exc:
+        raise AvroDecodeError(f"header at byte {cursor.pos}: {exc}") from None
+    return Header(metadata, sync, cursor.pos)
+
+
+@dataclass(frozen=True)
+class _Block:
+    index: int
+    offset: int  # of the block's count in the file
+    count: int
+    data: memoryview  # compressed datums
+
+
+def _blocks(data: memoryview, header: Header) -> tuple[list[_Block], AvroDecodeError | None]:
+    """The well-formed blocks, and the error that stopped the scan early (if any): the caller
+    decodes the blocks before it, so problems are reported in file order."""
+    blocks: list[_Block] = []
+    cursor = _Cursor(data, header.size)
+    while cursor.pos < len(data):
+        index, start = len(blocks), cursor.pos
+        try:
+            count = cursor.long("the block's datum count")
+            size = cursor.long("the block's byte size")
+            if count < 0:
+                raise _Corrupt(f"negative datum count {count}")
+            payload = cursor.take(size, "the block's data")
+            marker = cursor.take(SYNC_SIZE, "the block's sync marker")
+        except (_Truncated, _Corrupt) as exc:
+            return blocks, AvroDecodeError(f"block {index} at byte {start}: {exc}")
+        if bytes(marker) != header.sync:
+            return blocks, AvroDecodeError(
+                f"block {index} at byte {start}: the sync marker at byte {cursor.pos - SYNC_SIZE}"
+                " does not match the header's (corrupt or spliced file)"
+            )
+        blocks.append(_Block(index, start, count, payload))
+    return blocks, None
+
+
+# -- codecs -----------------------------------------------------------------------------------
+
+def codec_name(codec: str | None) -> str:
+    """The specification's name of ``codec`` ("zstd" -> "zstandard", None -> "null")."""
+    name = _ALIASES.get(codec, codec)
+    if name not in CODECS:
+        raise ValueError(f"unknown Avro codec {codec!r}; choose one of {CODECS} (or 'zstd')")
+    return str(name)
+
+
+def _snappy_module() -> Any:
+    for module in ("cramjam", "snappy"):
+        try:
+            return __import__(module)
+        except ImportError:
+            continue
+    raise ImportError("the snappy codec needs Arrow's snappy or a package: "
+                      "pip install cramjam (or python-snappy)")
+
+
+def _snappy_decompress(data: memoryview) -> bytes | pa.Buffer:
+    if len(data) < 4:
+        raise _Corrupt("snappy block shorter than its CRC")
+    body, crc = data[:-4], bytes(data[-4:])
+    if pa.Codec.is_available("snappy"):
+        out: bytes | pa.Buffer = pa.Codec("snappy").decompress(
+            body, decompressed_size=_uvarint(body))
+    else:
+        module = _snappy_module()
+        out = bytes(module.snappy.decompress_raw(bytes(body)) if module.__name__ == "cramjam"
+                    else module.decompress(bytes(body)))
+    if zlib.crc32(out).to_bytes(4, "big") != crc:
+        raise _Corrupt("snappy block fails its CRC-32 check")
+    return out
+
+
+def _snappy_compress(data: memoryview) -> bytes:
+    if pa.Codec.is_available("snappy"):
+        body = pa.Codec("snappy").compress(data, asbytes=True)
+    else:
+        module = _snappy_module()
+        body = bytes(module.snappy.compress_raw(bytes(data)) if module.__name__ == "cramjam"
+                     else module.compress(bytes(data)))
+    return bytes(body) + zlib.crc32(data).to_bytes(4, "big")
+
+
+def _uvarint(data: memoryview) -> int:
+    """The uncompressed length snappy stores in front of its raw format."""
+    result = shift = 0
+    for byte in data[:5]:
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result
+        shift += 7
+    raise _Corrupt("snappy block has no valid length preamble")
+
+
+def _zstd_decompress(data: memoryview) -> pa.Buffer:
+    # A stream, not pa.Codec: Java's writer leaves the content size out of its frames.
+    return pa.CompressedInputStream(pa.BufferReader(data), "zstd").read_buffer()
+
+
+_DECOMPRESS: dict[str, Callable[[memoryview], Any]] = {
+    "null": lambda data: data,
+    "deflate": lambda data: zlib.decompress(data, -15),
+    "snappy": _snappy_decompress,
+    "zstandard": _zstd_decompress,
+    "bzip2": bz2.decompress,
+    "xz": lzma.decompress,
+}
+
+
+def _deflate(data: memoryview, level: int | None) -> bytes:
+    compressor = zlib.compressobj(6 if level is None else level, zlib.DEFLATED, -15)
+    return compressor.compress(data) + compressor.flush()
+
+
+_COMPRESS: dict[str, Callable[[memoryview, int | None], Any]] = {
+    "null": lambda data, level: data,
+    "deflate": _deflate,
+    "snappy": lambda data, level: _snappy_compress(data),
+    "zstandard": lambda data, level: pa.Codec("zstd", level).compress(data, asbytes=True),
+    "bzip2": lambda data, level: bz2.compress(data, 9 if level is None else level),
+    "xz": lambda data, level: lzma.compress(data, preset=level),
+}
+
+
+def _decompress(codec: str, block: _Block) -> Any:
+    try:
+        return _DECOMPRESS[codec](block.data)
+    except (_Corrupt, zlib.error, OSError, EOFError, ValueError, pa.ArrowException,
+            lzma.LZMAError) as exc:
+        raise AvroDecodeError(
+            f"block {block.index} at byte {block.offset}: cannot {codec}-decompress its "
+            f"{len(block.data)} bytes: {exc}"
+        ) from None
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+def _open(source: Source) -> pa.Buffer:
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if path.stat().st_size == 0:
+            return pa.py_buffer(b"")
+        with pa.memory_map(str(path)) as mapped:
+            return mapped.read_buffer()
+    if isinstance(source, (bytes, bytearray, memoryview, pa.Buffer)):
+        return pa.py_buffer(source)
+    return pa.py_buffer(source.read())
+
+
+def _threads(threads: int | None) -> int:
+    if threads is None:
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+    if threads < 1:
+        raise ValueError(f"threads must be at least 1, not {threads}")
+    return threads
+
+
+def read_ocf(source: Source, *, threads: int | None = None,
+             columns: Sequence[str] | None = None, reader_schema: Any = None) -> pa.Table:
+    """Read an Object Container File into a table.
+
+    ``source`` is a path (memory-mapped), a binary file object or bytes. ``columns`` keeps only
+    those top-level fields; ``reader_schema`` resolves the writer's schema to it (added fields
+    with defaults, promotions, aliases, ...). Blocks are decompressed and decoded on
+    ``threads`` threads (default: the usable cores).
+    """
+    from arrowstash.avro import codec as avro_codec
+    from arrowstash.avro.schema import parse_schema
+
+    data = memoryview(_open(source))
+    header = read_header(data)
+    codec = header.codec
+    if codec not in _DECOMPRESS:
+        raise AvroDecodeError(f"the file uses codec {codec!r}, which is not one of {CODECS}")
+    writer = parse_schema(header.schema_json)
+    blocks, broken = _blocks(data, header)
+    workers = _threads(threads)
+    if codec == "null" or workers == 1 or len(blocks) < 2:
+        raw = [_decompress(codec, block) for block in blocks]
+    else:
+        with ThreadPoolExecutor(min(workers, len(blocks))) as pool:
+            raw = list(pool.map(lambda block: _decompress(codec, block), blocks))
+    try:
+        batch = avro_codec.decode_blocks(
+            [(payload, block.count) for payload, block in zip(raw, blocks, strict=True)],
+            writer, threads=workers,
+        )
+    except AvroDecodeError as exc:  # say where in the file the failing block is
+        found = re.match(r"block (\d+)", str(exc))
+        if found is None or int(found[1]) >= len(blocks):
+            raise
+        block = blocks[int(found[1])]
+        raise AvroDecodeError(f"{exc} (block {block.index} starts at byte {block.offset} of the "
+                              "file)") from None
+    if broken is not None:
+        raise broken
+    if reader_schema is not None:
+        from arrowstash.avro.resolve import resolve
+
+        batch = resolve(batch, writer, parse_schema(reader_schema))
+    table = pa.Table.from_batches([batch])
+    if columns is not None:
+        missing = [c for c in columns if c not in table.column_names]
+        if missing:
+            raise KeyError(f"no column(s) {missing} in the file; it has {table.column_names}")
+        table = table.select(list(columns))
+    return table
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+def _header_bytes(metadata: dict[str, bytes], sync: bytes) -> bytes:
+    out = bytearray(MAGIC)
+    out += _long(len(metadata))
+    for key, value in metadata.items():
+        encoded = key.encode()
+        out += _long(len(encoded)) + encoded + _long(len(value)) + value
+    out += _long(0) + sync
+    return bytes(out)
+
+
+def _block_bounds(offsets: np.ndarray, block_bytes: int) -> list[tuple[int, int]]:
+    """Row ranges whose datums add up to about ``block_bytes`` each (at least one row)."""
+    n = offsets.size - 1
+    bounds: list[tuple[int, int]] = []
+    start = 0
+    while start < n:
+        stop = int(np.searchsorted(offsets, offsets[start] + block_bytes, side="right")) - 1
+        stop = min(max(stop, start + 1), n)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def write_ocf(table: pa.Table | pa.RecordBatch, destination: Destination, schema: Any = None,
+              codec: str | None = "zstd", *, level: int | None = None,
+              block_bytes: int = 1 << 20, threads: int | None = None,
+              metadata: dict[str, bytes] | None = None) -> None:
+    """Write ``table`` as an Object Container File.
+
+    ``schema`` defaults to :func:`from_arrow_schema` of the table's schema (which reuses the
+    Avro schema a decoded table carries in its metadata). Blocks hold about ``block_bytes`` of
+    encoded datums each and are compressed with ``codec`` in parallel. ``metadata`` adds
+    user keys to the header (``avro.*`` keys are reserved).
+    """
+    from arrowstash.avro.encoder import encode
+    from arrowstash.avro.from_arrow import from_arrow_schema
+    from arrowstash.avro.schema import parse_schema
+
+    name = codec_name(codec)
+    if block_bytes < 1:
+        raise ValueError(f"block_bytes must be positive, not {block_bytes}")
+    if isinstance(table, pa.RecordBatch):
+        table = pa.Table.from_batches([table])
+    parsed = from_arrow_schema(table) if schema is None else parse_schema(schema)
+    workers = _threads(threads)
+    encoded = encode(table, parsed, threads=workers)
+    offsets, payload = offsets_and_data(encoded)
+    bounds = _block_bounds(offsets, block_bytes)
+    view = payload.data
+    slices = [view[int(offsets[a]) : int(offsets[b])] for a, b in bounds]
+    compress = _COMPRESS[name]
+    if name == "null" or workers == 1 or len(slices) < 2:
+        compressed = [compress(s, level) for s in slices]
+    else:
+        with ThreadPoolExecutor(min(workers, len(slices))) as pool:
+            compressed = list(pool.map(lambda s: compress(s, level), slices))
+    extra = dict(metadata or {})
+    reserved = [k for k in extra if k.startswith("avro.")]
+    if reserved:
+        raise ValueError(f"metadata keys {reserved} are reserved by the Avro specification")
+    header_metadata = {"avro.schema": parsed.json.encode(),
+                       "avro.codec": name.encode(), **extra}
+    sync = os.urandom(SYNC_SIZE)
+    parts: list[Any] = [_header_bytes(header_metadata, sync)]
+    for (a, b), block in zip(bounds, compressed, strict=True):
+        parts += [_long(b - a) + _long(memoryview(block).nbytes), block, sync]
+    if isinstance(destination, (str, os.PathLike)):
+        with open(destination, "wb") as out:
+            out.writelines(parts)
+    else:
+        for part in parts:
+            destination.write(part)
+
+
+def header_of(source: Source) -> Header:
+    """The header of a file (for tools that show its schema and codec)."""
+    return read_header(memoryview(_open(source)))
+
