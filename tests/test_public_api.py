@@ -18,6 +18,7 @@ EXPECTED_ALL = {
     "AvroDecodeError",
     "AvroEncodeError",
     "AvroSchemaError",
+    "AvroSerializer",
     "Backend",
     "BackendError",
     "BufferSerializer",
@@ -128,3 +129,10 @@ def test_arrow_serializer_is_exported_lazily() -> None:
 
     assert arrowstash.ArrowSerializer is ArrowSerializer
     assert isinstance(ArrowSerializer(), arrowstash.Serializer)
+
+
+def test_avro_serializer_is_exported_lazily() -> None:
+    from arrowstash.serializers import AvroSerializer
+
+    assert arrowstash.AvroSerializer is AvroSerializer
+    assert isinstance(AvroSerializer(), arrowstash.Serializer)

@@ -35,6 +35,10 @@ def __getattr__(name: str) -> Any:
         from arrowstash.serializers.arrow import ArrowSerializer
 
         return ArrowSerializer
+    if name == "AvroSerializer":
+        from arrowstash.serializers.avro import AvroSerializer
+
+        return AvroSerializer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
@@ -45,6 +49,7 @@ __all__ = [
     "AvroDecodeError",
     "AvroEncodeError",
     "AvroSchemaError",
+    "AvroSerializer",
     "Backend",
     "BackendError",
     "BufferSerializer",

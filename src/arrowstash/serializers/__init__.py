@@ -17,6 +17,7 @@ __all__ = [
     "ArraySerializer",
     "ArrowSerializer",
     "AutoSerializer",
+    "AvroSerializer",
     "BufferSerializer",
     "Serializer",
     "StandardSerializer",
@@ -28,6 +29,12 @@ def _arrow() -> Serializer:
     from arrowstash.serializers.arrow import ArrowSerializer
 
     return ArrowSerializer()
+
+
+def _avro() -> Serializer:
+    from arrowstash.serializers.avro import AvroSerializer
+
+    return AvroSerializer()
 
 
 def _is_frame(value: Any) -> bool:
@@ -48,6 +55,7 @@ REGISTRY: dict[str, Callable[[], Serializer]] = {
     "arrow": _arrow,
     "arrays": ArraySerializer,
     "buffers": BufferSerializer,
+    "avro": _avro,  # never chosen by "auto": asked for by name or instance
 }
 
 #: How "auto" chooses: the first rule whose test accepts the value names its serializer; then
@@ -65,6 +73,10 @@ def __getattr__(name: str) -> Any:
         from arrowstash.serializers.arrow import ArrowSerializer
 
         return ArrowSerializer
+    if name == "AvroSerializer":
+        from arrowstash.serializers.avro import AvroSerializer
+
+        return AvroSerializer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
