@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TypeVar
 
-from arrowstash import backends
+from arrowstash import _avro_cli, backends
 from arrowstash.backends.base import Backend, EntryInfo
 from arrowstash.entry import Key
 from arrowstash.errors import ArrowstashError
@@ -153,6 +153,7 @@ def parser() -> argparse.ArgumentParser:
     which.add_argument("--namespace", help="every entry of a namespace")
     which.add_argument("--all", action="store_true", help="every arrowstash entry")
     purge.set_defaults(run=cmd_purge)
+    _avro_cli.register(sub)
     return p
 
 
