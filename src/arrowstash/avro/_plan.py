@@ -213,6 +213,10 @@ def assemble(plan: Plan, columns: Sequence[tuple[int, int, list[Any]]]) -> pa.Re
     """The record batch from per-node ``(length, null_count, buffers)`` in Arrow's layouts."""
     root = plan.nodes[0]
     arrays = [_array(plan, columns, i) for i in root.children]
+    if not arrays:  # a record without fields: one row per datum, and no columns
+        rows = pa.array([{}] * columns[0][0], pa.struct([]))
+        return pa.RecordBatch.from_struct_array(rows).replace_schema_metadata(
+            plan.schema.arrow_schema.metadata)
     return pa.RecordBatch.from_arrays(arrays, schema=plan.schema.arrow_schema)
 
 
