@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from arrowstash.avro._arrow_map import arrow_type, is_nullable_union
 from arrowstash.avro._np import numpy as np
@@ -148,7 +149,8 @@ def _dense(r: Union, types: np.ndarray, offsets: np.ndarray,
     """A dense union of reader type ``r`` from type codes, offsets and some children (the other
     branches get empty children)."""
     t = arrow_type(r)
-    arrays = [children.get(j, pa.array([], type=t.field(j).type)) for j in range(t.num_fields)]
+    arrays = [children[j] if j in children else pa.nulls(0, t.field(j).type)
+              for j in range(t.num_fields)]
     buffers = [None, pa.py_buffer(types.astype(np.int8)), pa.py_buffer(offsets.astype(np.int32))]
     return pa.Array.from_buffers(t, len(types), buffers, children=arrays)
 
@@ -225,7 +227,7 @@ def _from_union(arr: pa.Array, w: Union, r: AvroType, path: str) -> pa.Array:
         elif not (_matches(branch, r, True)):
             _unused(types == i, path, branch, r)
         resolved.append(_resolve(child, branch, into, path))
-    whole = pa.concat_arrays(resolved) if resolved else pa.array([], target)
+    whole = pa.concat_arrays(resolved) if resolved else pa.nulls(0, target)
     return whole.take(pa.array(starts[types] + offsets))
 
 
@@ -310,6 +312,9 @@ def _record(arr: pa.Array, w: Record, r: Record, path: str) -> pa.Array:
             raise AvroSchemaError(f"{where}: the reader's field is not in the writer's "
                                   f"{_short(w.name)} and has no default")
     t = arrow_type(r)
+    if not children:  # no fields: the length and validity are all there is
+        valid = pc.invert(arr.is_null()).buffers()[1] if arr.null_count else None
+        return pa.Array.from_buffers(t, len(arr), [valid], arr.null_count, children=[])
     mask = arr.is_null() if arr.null_count else None
     return pa.StructArray.from_arrays(children, fields=list(t), mask=mask)
 
@@ -326,7 +331,7 @@ def _enum(arr: pa.Array, w: Enum, r: Enum, path: str) -> pa.Array:
         symbol = written[indices[bad[0]]]
         raise AvroDecodeError(f"{path}: value {int(bad[0])} is symbol {symbol!r}, which the "
                               f"reader's enum {_short(r.name)} lacks and it has no default")
-    mask = arr.is_null() if arr.null_count else None
+    mask = np.asarray(arr.is_null()) if arr.null_count else None
     return pa.DictionaryArray.from_arrays(pa.array(remapped, pa.int32(), mask=mask),
                                           pa.array(r.symbols, pa.string()))
 
@@ -385,13 +390,13 @@ def _one(value: Any, t: AvroType) -> pa.Array:
                                               pa.array(t.symbols, pa.string()))
     if isinstance(t, Array):
         items = [_one(v, t.items) for v in value]
-        values = pa.concat_arrays(items) if items else pa.array([], arrow_type(t.items))
+        values = pa.concat_arrays(items) if items else pa.nulls(0, arrow_type(t.items))
         return pa.ListArray.from_arrays(pa.array([0, len(items)], pa.int32()), values,
                                         type=target)
     if isinstance(t, Map):
         keys = pa.array(list(value), pa.string())
         items = [_one(v, t.values) for v in value.values()]
-        values = pa.concat_arrays(items) if items else pa.array([], arrow_type(t.values))
+        values = pa.concat_arrays(items) if items else pa.nulls(0, arrow_type(t.values))
         return pa.MapArray.from_arrays(pa.array([0, len(keys)], pa.int32()), keys, values,
                                        type=target)
     return pa.array([_scalar(value, t)], target)
