@@ -199,3 +199,11 @@ def test_deflate_is_raw_zlib(tmp_path: Path) -> None:
         shift += 7
     size >>= 1
     zlib.decompress(body[pos : pos + size], -15)
+
+
+def test_the_package_exports_every_name_it_lists() -> None:
+    import arrowstash.avro as avro
+
+    for name in avro.__all__:
+        assert getattr(avro, name) is not None, name
+    assert avro.read_ocf is read_ocf and avro.write_ocf is write_ocf

@@ -28,15 +28,21 @@ __all__ = [
     "fingerprint",
     "from_arrow_schema",
     "parse_schema",
+    "read_ocf",
     "strip_header",
     "to_arrow_schema",
+    "write_ocf",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    # Framing needs NumPy (an optional dependency): imported when first used.
+    # Framing and container files need NumPy (an optional dependency): imported when first used.
     if name in ("Unframed", "add_header", "strip_header"):
         from arrowstash.avro import framing
 
         return getattr(framing, name)
+    if name in ("read_ocf", "write_ocf"):
+        from arrowstash.avro import ocf
+
+        return getattr(ocf, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
