@@ -98,7 +98,10 @@ def test_sample_files_read_like_fastavro_reads_them(path: Path) -> None:
         with pytest.raises(AvroDecodeError, match="version 0"):
             read_ocf(path)
         return
-    table = read_ocf(path)
+    try:
+        table = read_ocf(path)
+    except ImportError as exc:  # a codec whose package is not installed here
+        pytest.skip(f"{name}: {exc}")
     assert table.schema == parse_schema(header_of(path).schema_json).arrow_schema
     assert_like_fastavro(table, path)
 
