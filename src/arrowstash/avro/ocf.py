@@ -24,7 +24,11 @@ from typing import IO, Any, BinaryIO, TypeAlias
 import pyarrow as pa
 
 from arrowstash.avro._np import numpy as np
+from arrowstash.avro.codec import decode_blocks
 from arrowstash.avro.framing import offsets_and_data
+from arrowstash.avro.from_arrow import from_arrow_schema
+from arrowstash.avro.resolve import resolve
+from arrowstash.avro.schema import parse_schema
 from arrowstash.errors import AvroDecodeError
 
 __all__ = ["CODECS", "Header", "header_of", "read_header", "read_ocf", "write_ocf"]
@@ -310,9 +314,6 @@ def read_ocf(source: Source, *, threads: int | None = None,
     with defaults, promotions, aliases, ...). Blocks are decompressed and decoded on
     ``threads`` threads (default: the usable cores).
     """
-    from arrowstash.avro import codec as avro_codec
-    from arrowstash.avro.schema import parse_schema
-
     data = memoryview(_open(source))
     header = read_header(data)
     codec = header.codec
@@ -327,7 +328,7 @@ def read_ocf(source: Source, *, threads: int | None = None,
         with ThreadPoolExecutor(min(workers, len(blocks))) as pool:
             raw = list(pool.map(lambda block: _decompress(codec, block), blocks))
     try:
-        batch = avro_codec.decode_blocks(
+        batch = decode_blocks(
             [(payload, block.count) for payload, block in zip(raw, blocks, strict=True)],
             writer, threads=workers,
         )
@@ -341,8 +342,6 @@ def read_ocf(source: Source, *, threads: int | None = None,
     if broken is not None:
         raise broken
     if reader_schema is not None:
-        from arrowstash.avro.resolve import resolve
-
         batch = resolve(batch, writer, parse_schema(reader_schema))
     table = pa.Table.from_batches([batch])
     if columns is not None:
@@ -390,8 +389,6 @@ def write_ocf(table: pa.Table | pa.RecordBatch, destination: Destination, schema
     user keys to the header (``avro.*`` keys are reserved).
     """
     from arrowstash.avro.encoder import encode
-    from arrowstash.avro.from_arrow import from_arrow_schema
-    from arrowstash.avro.schema import parse_schema
 
     name = codec_name(codec)
     if block_bytes < 1:
