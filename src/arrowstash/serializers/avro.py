@@ -128,5 +128,5 @@ class AvroSerializer:
                 ) from None
             return polars.from_arrow(table)
         if target == "records":
-            return table.to_pylist(maps_as_pydicts="strict")
+            return table.to_pylist(maps_as_pydicts="lossy")
         raise CorruptEntryError(f"unknown kind {target!r} in an Avro entry")
