@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from arrowstash.avro._np import numpy as np
 from arrowstash.avro.codec import decode_blocks
+from arrowstash.avro.encoder import encode
 from arrowstash.avro.framing import offsets_and_data
 from arrowstash.avro.from_arrow import from_arrow_schema
 from arrowstash.avro.resolve import resolve
@@ -388,8 +389,6 @@ def write_ocf(table: pa.Table | pa.RecordBatch, destination: Destination, schema
     encoded datums each and are compressed with ``codec`` in parallel. ``metadata`` adds
     user keys to the header (``avro.*`` keys are reserved).
     """
-    from arrowstash.avro.encoder import encode
-
     name = codec_name(codec)
     if block_bytes < 1:
         raise ValueError(f"block_bytes must be positive, not {block_bytes}")
