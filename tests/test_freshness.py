@@ -256,3 +256,54 @@ def test_backend_serves_concurrent_threads(backend: Backend) -> None:
         results = [ok for batch in pool.map(hammer, range(0, 320, 40)) for ok in batch]
     assert all(results) and len(results) == 640
     assert f.cache_info().errors == 0
+
+
+REFRESH_WORKER = '''
+import os, sys, time
+from pathlib import Path
+from arrowstash import FileBackend, cache
+
+folder, runs, start, mode = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
+
+@cache(backend=FileBackend(folder), ttl={ttl}, stale_ttl=60)
+def rate(x):
+    (runs / str(os.getpid())).touch()
+    if mode == "refresh":
+        time.sleep(1.0)  # slow: the other process's refresh comes while this one runs
+    return os.getpid()
+
+if mode == "fill":
+    rate(1)
+    sys.exit(0)
+while not start.exists():
+    time.sleep(0.001)
+first = rate(1)  # stale: answered at once
+deadline = time.monotonic() + 30
+while rate(1) == first and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(first, rate(1))
+'''
+
+
+@pytest.mark.slow
+def test_one_refresh_across_processes(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    runs, start = tmp_path / "runs", tmp_path / "start"
+    runs.mkdir()
+    script = REFRESH_WORKER.format(ttl=TTL)
+    argv = [sys.executable, "-c", script, str(tmp_path / "cache"), str(runs), str(start)]
+    subprocess.run([*argv, "fill"], check=True, timeout=60)
+    filler = int(next(runs.iterdir()).name)
+    time.sleep(TTL + 0.05)
+    procs = [subprocess.Popen([*argv, "refresh"], stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    time.sleep(0.5)  # both interpreters started and waiting on the start file
+    start.touch()
+    outputs = [p.communicate(timeout=60)[0].split() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    refreshers = {int(name.name) for name in runs.iterdir()} - {filler}
+    assert len(refreshers) == 1  # one refresh between the two processes
+    [refresher] = refreshers
+    assert [[int(v) for v in out] for out in outputs] == [[filler, refresher]] * 2

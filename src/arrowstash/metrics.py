@@ -4,8 +4,8 @@ Counters are not kept twice: a scrape reads the counters each function keeps any
 ``cache_info()``, so they cost the calls nothing. What enabling adds is the latency histograms of
 backend hits, misses and stores, observed by metered versions of those stages that ``enable``
 installs (and ``disable`` removes): calls of a process that never enables metrics run exactly the
-code they ran before. The L1 hit is not touched even then: bucketing a latency costs about as
-much as the hit itself, so L1 hits get their total time and count (a summary) instead.
+code they ran before. The fast L1 hit is not touched even then: bucketing a latency costs about
+as much as the hit itself, so hits get their total time and count (a summary) instead.
 
 Labels are the function's ``namespace``, ``function`` (module and qualified name) and
 ``backend`` (its class name), plus ``layer``, ``kind`` or ``state`` where said: all bounded by
