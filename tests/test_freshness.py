@@ -16,7 +16,8 @@ import pytest
 from arrowstash import Backend, FileBackend, cache
 from arrowstash.entry import parse_entry
 
-TTL = 0.3  # short: every test waits it out once or twice
+TTL = 0.5  # short (every test waits it out once or twice), yet longer than a loaded machine's
+# pauses: a refreshed value must still be fresh when the test looks at it
 WAIT = 10.0  # the most a background refresh may take on a loaded machine
 
 
@@ -130,15 +131,15 @@ def test_past_the_stale_spell_a_call_computes(file_backend: FileBackend) -> None
 
 def test_refresh_ahead_refreshes_before_expiry(file_backend: FileBackend) -> None:
     body = Body()
-    f = cache(backend=file_backend, ttl=30, refresh_ahead=0.01)(plain(body))  # due after 0.3 s
+    f = cache(backend=file_backend, ttl=50, refresh_ahead=0.01)(plain(body))  # due after 0.5 s
     f(1)
     assert f(1)["run"] == 1 and body.runs == 1  # not due yet
-    time.sleep(0.35)
+    time.sleep(0.55)
     assert f(1)["run"] == 1
     body.gate.set()
     eventually(lambda: f(1)["run"] == 2)
     header = parse_entry(Path(file_backend.path(f.cache_key(1))).read_bytes()).header
-    assert header.expires - header.created == pytest.approx(30)  # no stale spell asked for
+    assert header.expires - header.created == pytest.approx(50)  # no stale spell asked for
 
 
 def test_failed_refresh_keeps_the_stale_value_and_is_logged(
@@ -171,9 +172,10 @@ def test_one_refresh_across_caches_sharing_the_backend(
     backend = request.getfixturevalue(f"{kind}_backend")
     body = Body()
     record = plain(body)
-    shells = [cache(backend=backend, l1=False, ttl=TTL, stale_ttl=60)(record) for _ in range(2)]
+    ttl = 1.0  # the second refresh waits for the lock, then must find the entry still fresh
+    shells = [cache(backend=backend, l1=False, ttl=ttl, stale_ttl=60)(record) for _ in range(2)]
     shells[0](1)
-    time.sleep(TTL + 0.05)
+    time.sleep(ttl + 0.05)
     assert [f(1)["run"] for f in shells] == [1, 1]  # both stale hits, both start a refresh
     eventually(lambda: body.runs == 2)
     time.sleep(0.2)  # the second refresh is waiting for the lock
@@ -270,7 +272,7 @@ folder, runs, start, mode = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), s
 def rate(x):
     (runs / str(os.getpid())).touch()
     if mode == "refresh":
-        time.sleep(1.0)  # slow: the other process's refresh comes while this one runs
+        time.sleep(0.3)  # slow: the other process's refresh comes while this one runs
     return os.getpid()
 
 if mode == "fill":
@@ -293,11 +295,13 @@ def test_one_refresh_across_processes(tmp_path: Path) -> None:
 
     runs, start = tmp_path / "runs", tmp_path / "start"
     runs.mkdir()
-    script = REFRESH_WORKER.format(ttl=TTL)
+    ttl = 2.0  # long enough that the entry a refresh stores is still fresh when the other
+    # process gets the lock and looks, on a loaded machine
+    script = REFRESH_WORKER.format(ttl=ttl)
     argv = [sys.executable, "-c", script, str(tmp_path / "cache"), str(runs), str(start)]
     subprocess.run([*argv, "fill"], check=True, timeout=60)
     filler = int(next(runs.iterdir()).name)
-    time.sleep(TTL + 0.05)
+    time.sleep(ttl + 0.05)
     procs = [subprocess.Popen([*argv, "refresh"], stdout=subprocess.PIPE, text=True)
              for _ in range(2)]
     time.sleep(0.5)  # both interpreters started and waiting on the start file
