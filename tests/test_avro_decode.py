@@ -373,3 +373,16 @@ def test_recursive_schema_is_refused_before_decoding() -> None:
         {"name": "next", "type": ["null", "L"]}]}
     with pytest.raises(AvroSchemaError, match="recursive type 'L'"):
         decode([b"\x00"], schema)
+
+
+def test_reader_schema_resolves_after_decoding_and_ids_column_follows() -> None:
+    writer = {"type": "record", "name": "R", "fields": [
+        {"name": "a", "type": "int"}, {"name": "gone", "type": "string"}]}
+    reader = {"type": "record", "name": "R", "fields": [
+        {"name": "a", "type": "long"}, {"name": "b", "type": "string", "default": "x"}]}
+    framed = [b"\x00\x00\x00\x00\x09" + m for m in write(writer, [{"a": 1, "gone": "z"},
+                                                                  {"a": -2, "gone": ""}])]
+    batch = decode(framed, writer, reader_schema=reader, confluent=True, schema_id_column="id")
+    assert batch.schema.names == ["a", "b", "id"]
+    assert batch.schema.field("a").type == pa.int64()
+    assert batch.to_pylist() == [{"a": 1, "b": "x", "id": 9}, {"a": -2, "b": "x", "id": 9}]

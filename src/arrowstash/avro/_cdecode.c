@@ -197,27 +197,25 @@ static int utf8_ok(const uint8_t *s, size_t n) {
     return 1;
 }
 
-static int hexval(uint8_t ch) {
-    if (ch >= '0' && ch <= '9') return ch - '0';
-    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
-    return -1;
-}
+/* hex digit values, 0xFF for anything else */
+static const uint8_t HEX[256] = {
+    ['0'] = 0, ['1'] = 1, ['2'] = 2, ['3'] = 3, ['4'] = 4, ['5'] = 5, ['6'] = 6, ['7'] = 7,
+    ['8'] = 8, ['9'] = 9, ['a'] = 10, ['b'] = 11, ['c'] = 12, ['d'] = 13, ['e'] = 14,
+    ['f'] = 15, ['A'] = 10, ['B'] = 11, ['C'] = 12, ['D'] = 13, ['E'] = 14, ['F'] = 15,
+};
+static uint8_t hex_ok[256]; /* 1 for hex digits; filled at import */
 
 /* 36-character text form -> 16 bytes; -1 if malformed. */
 static int parse_uuid(const uint8_t *s, uint8_t *out) {
-    int k = 0;
-    for (int i = 0; i < 36; i++) {
-        if (i == 8 || i == 13 || i == 18 || i == 23) {
-            if (s[i] != '-') return -1;
-            continue;
-        }
-        int hi = hexval(s[i]), lo = hexval(s[i + 1]);
-        if (hi < 0 || lo < 0) return -1;
-        out[k++] = (uint8_t)(hi << 4 | lo);
-        i++;
+    static const int8_t at[16] = {0, 2, 4, 6, 9, 11, 14, 16, 19, 21, 24, 26, 28, 30, 32, 34};
+    if (s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-') return -1;
+    unsigned bad = 0;
+    for (int k = 0; k < 16; k++) {
+        uint8_t hi = s[at[k]], lo = s[at[k] + 1];
+        bad |= (unsigned)(hex_ok[hi] & hex_ok[lo]) ^ 1u;
+        out[k] = (uint8_t)(HEX[hi] << 4 | HEX[lo]);
     }
-    return 0;
+    return bad ? -1 : 0;
 }
 
 /* Big-endian two's complement of len bytes -> width bytes little-endian, within precision. */
@@ -1313,6 +1311,7 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__cdecode(void) {
+    for (const char *d = "0123456789abcdefABCDEF"; *d; d++) hex_ok[(uint8_t)*d] = 1;
     if (PyType_Ready(&CBufType) < 0) return NULL;
     return PyModule_Create(&module);
 }
