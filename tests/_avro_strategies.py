@@ -119,6 +119,13 @@ _UTC = dt.timezone.utc
 _EXACT = decimal.Context(prec=100)  # the default 28 digits would round 40-digit values
 
 
+def _decimal_digits(precision: int) -> st.SearchStrategy[int]:
+    """Unscaled values of at most 28 digits: fastavro's writer scales in Python's default decimal
+    context (28 digits) and would round longer values (tests with more digits write by hand)."""
+    bound = 10 ** min(precision, 28)
+    return st.integers(-bound + 1, bound - 1)
+
+
 def values_for(t: AvroType) -> st.SearchStrategy[Any]:
     """Values fastavro's writer accepts for ``t`` (a parsed type)."""
     if isinstance(t, Primitive):
@@ -139,7 +146,7 @@ def values_for(t: AvroType) -> st.SearchStrategy[Any]:
             return st.uuids()
         if lt == "decimal":
             assert t.precision is not None and t.scale is not None
-            digits = st.integers(-(10**t.precision) + 1, 10**t.precision - 1)
+            digits = _decimal_digits(t.precision)
             return digits.map(lambda v: decimal.Decimal(v).scaleb(-t.scale, _EXACT))
         return {
             "null": st.none(),
@@ -158,7 +165,7 @@ def values_for(t: AvroType) -> st.SearchStrategy[Any]:
             return st.uuids().map(lambda u: u.bytes)
         if t.logical_type == "decimal":
             assert t.precision is not None and t.scale is not None
-            digits = st.integers(-(10**t.precision) + 1, 10**t.precision - 1)
+            digits = _decimal_digits(t.precision)
             return digits.map(lambda v: decimal.Decimal(v).scaleb(-t.scale, _EXACT))
         return st.binary(min_size=t.size, max_size=t.size)
     if isinstance(t, Array):
