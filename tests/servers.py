@@ -102,10 +102,25 @@ def _tail(log: Path) -> str:
     return "(no log)"
 
 
-def _ping(port: int) -> bool:
+def _serves(proc: subprocess.Popen[bytes], port: int, request: bytes, marker: bytes) -> bool:
+    """Whether the server answering on ``port`` is ``proc`` (by the process id it reports).
+
+    Several test sessions share this machine: between finding a free port and our server
+    binding it, another session's server may take it; ours then exits, but a mere ping would
+    have been answered by theirs, and the test would go on against (and fail to pause) a server
+    that is not its own."""
     with socket.create_connection(("127.0.0.1", port), timeout=1.0) as sock:
-        sock.sendall(b"PING\r\n")
-        return sock.recv(64).startswith(b"+PONG")
+        sock.sendall(request)
+        data = b""
+        while True:
+            at = data.find(marker)
+            end = data.find(b"\r\n", at) if at >= 0 else -1
+            if end >= 0:
+                return int(data[at + len(marker) : end]) == proc.pid
+            chunk = sock.recv(65536)
+            if not chunk:
+                return False
+            data += chunk
 
 
 class RedisServer:
@@ -147,7 +162,8 @@ class RedisServer:
 
     def _ready(self) -> bool:
         if self.unixsocket is None:
-            return _ping(self.port)
+            assert self.proc is not None
+            return _serves(self.proc, self.port, b"INFO server\r\n", b"process_id:")
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(1.0)
             sock.connect(str(self.unixsocket))
@@ -258,9 +274,8 @@ class MemcachedServer:
         return f"memcached://127.0.0.1:{self.port}"
 
     def _ready(self) -> bool:
-        with socket.create_connection(self.address, timeout=1.0) as sock:
-            sock.sendall(b"version\r\n")
-            return sock.recv(64).startswith(b"VERSION")
+        assert self.proc is not None
+        return _serves(self.proc, self.port, b"stats\r\n", b"STAT pid ")
 
     def start(self, *, same_port: bool = False) -> MemcachedServer:
         for attempt in range(START_ATTEMPTS):

@@ -690,6 +690,20 @@ def test_a_hung_server_costs_a_call_about_one_timeout(
     backend.close()
 
 
+@pytest.mark.memcached
+def test_a_fixture_never_takes_another_servers_port_for_its_own(
+        memcached_factory: Callable[[], MemcachedServer], tmp_path: Path) -> None:
+    """Why the hung-server test once saw no error after SIGSTOP: its memcached had lost its
+    port to another session's server, whose VERSION answer the readiness check accepted, and
+    the test then paused a process that had already exited. The check now asks for the pid."""
+    theirs = memcached_factory()
+    ours = MemcachedServer(tmp_path / "ours", memory_mb=64)
+    ours.port = theirs.port  # taken between finding it free and binding it
+    with pytest.raises(RuntimeError, match="exited"):
+        ours.start(same_port=True)
+    assert theirs.proc is not None and theirs.proc.poll() is None
+
+
 @pytest.mark.slow
 @pytest.mark.memcached
 def test_memcached_cleared_entries_stay_cleared_when_a_server_fails(
