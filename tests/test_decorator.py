@@ -12,7 +12,6 @@ import logging
 import os
 import pathlib
 import shutil
-import sys
 import threading
 import time
 import uuid
@@ -1050,10 +1049,9 @@ def test_async_function(file_backend: FileBackend) -> None:
         await asyncio.sleep(0)
         return [x]
 
-    if sys.version_info >= (3, 12):
-        assert inspect.iscoroutinefunction(fetch)
-    else:  # inspect cannot see a callable object as a coroutine function before 3.12
-        assert asyncio.iscoroutinefunction(fetch)
+    assert inspect.iscoroutinefunction(fetch) and asyncio.iscoroutinefunction(fetch)
+    assert not inspect.iscoroutinefunction(cache(backend=None)(lambda: 1))
+    assert inspect.signature(fetch) == inspect.signature(fetch.uncached)
 
     async def main() -> None:
         assert await fetch(1) == [1]

@@ -23,6 +23,12 @@ class AsyncCachedFunction(CachedFunction):
             inspect.markcoroutinefunction(self)
         else:
             self._is_coroutine = asyncio.coroutines._is_coroutine  # type: ignore[attr-defined]
+            # Before 3.12, inspect sees a coroutine function in any "function-like" callable:
+            # one with a code object flagged as a coroutine's, and defaults like a function's.
+            func = core.func
+            self.__code__ = func.__code__
+            self.__defaults__ = getattr(func, "__defaults__", None)
+            self.__kwdefaults__ = getattr(func, "__kwdefaults__", None)
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
         core = self._core
