@@ -91,3 +91,27 @@ def test_an_entry_copied_to_another_key_is_a_miss_even_after_both_were_read(
     shutil.copyfile(backend.path(f.cache_key(1)), backend.path(f.cache_key(2)))
     assert f(2) == 2  # never 1
     assert calls == [1, 2, 2]
+
+
+@pytest.mark.parametrize("kind", ["array", "bytes"])
+def test_reserved_space_of_a_large_entry_ends_exactly_at_the_entry(
+        tmp_path: Path, kind: str) -> None:
+    import numpy as np
+
+    backend = FileBackend(tmp_path / "c")
+
+    @cache(backend=backend, l1=False)
+    def f(n: int) -> object:
+        return np.arange(n, dtype=np.float64) if kind == "array" else b"b" * n * 8
+
+    n = (5 << 20) // 8 + 3  # over the reservation threshold, not a multiple of the alignment
+    first = f(n)
+    again = f(n)
+    if kind == "array":
+        assert np.array_equal(again, first)
+    else:
+        assert again == first
+    path = backend.path(f.cache_key(n))
+    stored = backend.get(f.cache_key(n))
+    assert stored is not None and stored.data.nbytes == os.path.getsize(path)
+    assert f.cache_info().errors == 0

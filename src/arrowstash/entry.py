@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import io
 import struct
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -35,6 +36,8 @@ FLAG_ENCRYPTED = 2
 FLAG_SIGNED = 4
 
 _PAD = bytes(ALIGN)
+#: Buffers at least this large are hashed in a helper thread while they are written.
+_HASH_ASIDE = 4 << 20
 _MAC_CONTEXT = b"arrowstash entry v1\0"
 
 
@@ -163,12 +166,25 @@ class _EntryWriter:
         view = memoryview(data)
         if view.ndim != 1 or view.itemsize != 1:
             view = view.cast("B")
-        self._sink.write(view)
+        if view.nbytes >= _HASH_ASIDE:
+            # xxhash and hmac release the GIL: hash on the other core while the sink copies the
+            # bytes out (a write to the page cache costs about as much as the hash).
+            hashing = threading.Thread(target=self._digest, args=(view,), name="arrowstash-hash")
+            hashing.start()
+            try:
+                self._sink.write(view)
+            finally:
+                hashing.join()
+        else:
+            self._sink.write(view)
+            self._digest(view)
+        self._offset += view.nbytes
+        return view.nbytes
+
+    def _digest(self, view: memoryview) -> None:
         self._hasher.update(view)
         if self._mac is not None:
             self._mac.update(view)
-        self._offset += view.nbytes
-        return view.nbytes
 
     def section_size(self) -> int:
         return self._offset - self._section_start

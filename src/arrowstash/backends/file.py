@@ -28,6 +28,8 @@ from arrowstash.errors import BackendError, CorruptEntryError
 SUFFIX = ".ast"
 _TEMP_SUFFIX = ".tmp"
 _STALE_TEMP_SECONDS = 3600.0
+#: Entries whose in-memory sections reach this size get their disk space reserved first.
+_RESERVE_FROM = 4 << 20
 #: Bytes read at the first attempt: a page, which holds most small entries whole.
 _FIRST_READ = 4096
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -158,7 +160,10 @@ class FileBackend:
             raise BackendError(f"cannot create {temp}: {exc}") from exc
         try:
             try:
+                planned = _reserve(fd, encoded)
                 size = write_entry(_FileSink(fd), key, encoded, created=created, expires=expires)
+                if planned:
+                    os.ftruncate(fd, size)  # in case the reservation outgrew the entry
                 if self.durable:
                     os.fsync(fd)
             finally:
@@ -333,6 +338,21 @@ class FileBackend:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             os.close(fd)
+
+
+def _reserve(fd: int, encoded: Encoded) -> int:
+    """Allocate the disk blocks of a large entry before writing it (as np.save does): the
+    filesystem then allocates extents once instead of page by page, which makes writing a large
+    array markedly faster. Returns the bytes reserved (0: none)."""
+    planned = ALIGN + sum(-(-memoryview(s).nbytes // ALIGN) * ALIGN
+                          for s in encoded.sections if not callable(s))
+    if planned < _RESERVE_FROM or not hasattr(os, "posix_fallocate"):
+        return 0
+    try:
+        os.posix_fallocate(fd, 0, planned)
+    except OSError:  # not supported by this filesystem: write without it
+        return 0
+    return planned
 
 
 def _describe_file(path: str) -> EntryInfo:
