@@ -9,13 +9,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from arrowstash import backends, config
-from arrowstash.backends.base import Backend, Held
+from arrowstash.backends.base import Backend, Held, Stored
 from arrowstash.crypto import KeySpec, keyring_for
 from arrowstash.entry import (
     FLAG_ENCRYPTED,
+    Encoded,
     Entry,
     Key,
     materialize,
@@ -74,6 +75,14 @@ class _Stats:
         self.refreshes = 0  # background refreshes that stored a new value
         self.hit_time = self.miss_time = self.fast_time = 0.0
         self.error_kinds: dict[str, int] = {}  # errors by kind (see arrowstash.logs)
+
+
+class Prepared(NamedTuple):
+    """A value encoded for storing, with its creation and expiry times (0.0: never)."""
+
+    encoded: Encoded
+    created: float
+    expires: float
 
 
 class _Flights:
@@ -204,10 +213,17 @@ class Core:
         try:
             stored = self.backend.get(key)
         except BackendError as exc:
-            if not report:
-                return _ABSENT
-            self._failed("backend_read", "backend read failed", key, exc)
-            return _DOWN
+            return self.read_failed(key, exc, report)
+        return self.load_entry(key, stored, report)
+
+    def read_failed(self, key: Key, exc: BackendError, report: bool) -> tuple[Any, float]:
+        if not report:
+            return _ABSENT
+        self._failed("backend_read", "backend read failed", key, exc)
+        return _DOWN
+
+    def load_entry(self, key: Key, stored: Stored | None, report: bool) -> tuple[Any, float]:
+        """The value of a stored entry and its expiry, or MISSING (absent, expired, corrupt)."""
         if stored is None:
             return _ABSENT
         try:
@@ -242,6 +258,22 @@ class Core:
         return value, expires
 
     def store(self, key: Key, value: Any, to_backend: bool = True) -> None:
+        prepared = self.prepare(key, value, to_backend)
+        if prepared is None:
+            return
+        if self.backend is not None and to_backend:
+            try:
+                self.stats.bytes_stored += self.backend.set(
+                    key, prepared.encoded, created=prepared.created,
+                    expires=prepared.expires or None)
+            except (SerializationError, BackendError) as exc:
+                self.write_failed(key, value, exc)
+                return
+        self.stored(key, value, prepared)
+
+    def prepare(self, key: Key, value: Any, to_backend: bool = True) -> Prepared | None:
+        """Encode ``value`` for storing (signed or to be encrypted as configured); None (after
+        logging) when the serializer refuses it."""
         created = time.time()
         expires = created + self.lifetime if self.lifetime is not None else 0.0
         try:
@@ -257,23 +289,28 @@ class Core:
                     )
             if (self.backend is None or not to_backend) and self.l1 is not None:
                 encoded = materialize(encoded)  # L1 is the only store: it needs the bytes
-            if self.backend is not None and to_backend:
-                self.stats.bytes_stored += self.backend.set(
-                    key, encoded, created=created, expires=expires or None
-                )
         except SerializationError as exc:
-            if self.strict:
-                raise
-            self.error("serialize", "result not cached", key, exc,
-                       topic=f"serialize {type(value).__qualname__}")
-            return
-        except BackendError as exc:
+            self.write_failed(key, value, exc)
+            return None
+        return Prepared(encoded, created, expires)
+
+    def write_failed(self, key: Key, value: Any,
+                     exc: SerializationError | BackendError) -> None:
+        if isinstance(exc, BackendError):
             self._failed("backend_write", "backend write failed", key, exc)
             return
+        if self.strict:
+            raise exc
+        self.error("serialize", "result not cached", key, exc,
+                   topic=f"serialize {type(value).__qualname__}")
+
+    def stored(self, key: Key, value: Any, prepared: Prepared) -> None:
+        """Count a store, and keep the value in L1."""
         self.stats.stores += 1
         if self.l1 is not None:
+            encoded = prepared.encoded
             self._l1_put(key.digest, value, encoded.serializer, encoded.meta, encoded.sections,
-                         expires)
+                         prepared.expires)
 
     def _l1_put(self, digest: bytes, value: Any, serializer: str, meta: Any,
                 sections: list[Any], expires: float) -> None:
@@ -363,16 +400,22 @@ class Core:
         try:
             with self.backend.lock(key, self.lock_timeout) as held:
                 entered = True
-                if held is Held.TIMEOUT:
-                    self.error("lock_timeout", f"stampede lock still held after "
-                               f"{self.lock_timeout:g} s; computing anyway", key, None,
-                               failure=False)
+                self.lock_taken(key, held)
                 yield held
         except BackendError as exc:
             if entered:
                 raise
-            self._failed("backend_lock", "backend lock failed", key, exc)
+            self.lock_failed(key, exc)
             yield Held.TIMEOUT
+
+    def lock_failed(self, key: Key, exc: BackendError) -> None:
+        """A lock the backend could not take: the caller computes without it."""
+        self._failed("backend_lock", "backend lock failed", key, exc)
+
+    def lock_taken(self, key: Key, held: Held) -> None:
+        if held is Held.TIMEOUT:
+            self.error("lock_timeout", f"stampede lock still held after "
+                       f"{self.lock_timeout:g} s; computing anyway", key, None, failure=False)
 
     def record_hit(self, started: float, layer_l1: bool) -> None:
         stats = self.stats

@@ -101,7 +101,7 @@ class FreshAsyncCachedFunction(_Refreshing, AsyncCachedFunction):
         layer_l1 = value is not MISSING
         key = core.key(digest)
         if not layer_l1:
-            value, expires = await asyncio.to_thread(core.backend_entry, key)
+            value, expires = await self._entry(key)
             if value is MISSING or value is UNREACHABLE:
                 return await self._miss(key, value, args, kwargs, started)
         if self._due(expires, digest):
@@ -116,15 +116,11 @@ class FreshAsyncCachedFunction(_Refreshing, AsyncCachedFunction):
                                      kwargs: dict[str, Any]) -> None:
         core = self._core
         try:
-            lock = core.locked(key)
-            held = await asyncio.to_thread(lock.__enter__)
-            try:
+            async with self._locked(key) as held:
                 if held and not await asyncio.to_thread(self._fresh_elsewhere, key):
                     value = await core.func(*args, **kwargs)
                     core.stats.refreshes += 1
-                    await asyncio.to_thread(core.store, key, value)
-            finally:
-                await asyncio.to_thread(lock.__exit__, None, None, None)
+                    await self._store(key, value)
         except Exception as exc:  # the function's own errors: the task ends here
             self._failed(key, exc)
         finally:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import IntEnum
@@ -49,18 +49,37 @@ class Held(IntEnum):
     WAITED = 2  # taken after waiting: the holder may have stored the value meanwhile
 
 
-def take_lock(attempt: Callable[[], bool], timeout: float) -> Held:
-    """Call ``attempt`` with a growing pause until it takes the lock or ``timeout`` passes."""
+def _pauses(timeout: float) -> Iterator[float]:
+    """The pauses between attempts at a lock: growing from 1 ms to 50 ms, until ``timeout``."""
     deadline = time.monotonic() + timeout
     delay = 0.001
-    held = Held.FREE
-    while not attempt():
-        if time.monotonic() >= deadline:
-            return Held.TIMEOUT
-        time.sleep(delay)
+    while time.monotonic() < deadline:
+        yield delay
         delay = min(delay * 2, 0.05)
-        held = Held.WAITED
-    return held
+
+
+def take_lock(attempt: Callable[[], bool], timeout: float) -> Held:
+    """Call ``attempt`` with a growing pause until it takes the lock or ``timeout`` passes."""
+    if attempt():
+        return Held.FREE
+    for pause in _pauses(timeout):
+        time.sleep(pause)
+        if attempt():
+            return Held.WAITED
+    return Held.TIMEOUT
+
+
+async def atake_lock(attempt: Callable[[], Awaitable[bool]], timeout: float) -> Held:
+    """:func:`take_lock` for an async ``attempt``: waits without blocking the event loop."""
+    import asyncio
+
+    if await attempt():
+        return Held.FREE
+    for pause in _pauses(timeout):
+        await asyncio.sleep(pause)
+        if await attempt():
+            return Held.WAITED
+    return Held.TIMEOUT
 
 
 @runtime_checkable

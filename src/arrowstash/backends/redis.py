@@ -12,13 +12,14 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
-from collections.abc import Iterator
-from typing import Any
+import weakref
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from typing import Any, NamedTuple, TypeVar
 from urllib.parse import urlsplit
 
 from arrowstash.backends._breaker import Breaker
 from arrowstash.backends._chunks import MANIFEST, chunk_names, join, pack_manifest, read_manifest
-from arrowstash.backends.base import EntryInfo, Held, Stored, describe, take_lock
+from arrowstash.backends.base import EntryInfo, Held, Stored, atake_lock, describe, take_lock
 from arrowstash.entry import ALIGN, Encoded, Key, entry_bytes, read_header
 from arrowstash.errors import BackendError, CorruptEntryError
 
@@ -52,6 +53,32 @@ return 0
 _SERVER_COUNTERS = {"hits": "keyspace_hits", "misses": "keyspace_misses",
                     "evicted": "evicted_keys", "expired": "expired_keys",
                     "memory": "used_memory"}
+
+
+class _Conn(NamedTuple):
+    """A client and its registered scripts: sync (redis-py) or async (redis.asyncio)."""
+
+    client: Any
+    swap: Any
+    release: Any
+
+
+#: One round trip of an operation: called with a connection, it returns the reply, or on an
+#: async connection an awaitable of it.
+Step = Callable[[_Conn], Any]
+T = TypeVar("T")
+#: An operation written once for both clients: a generator of steps, each sent its reply.
+Steps = Generator[Step, Any, T]
+
+
+def _pipelined(client: Any, command: str, calls: list[tuple[Any, ...]],
+               **options: Any) -> Any:
+    """Queue ``command`` once per argument tuple on a pipeline and execute it (awaitable on an
+    async client)."""
+    pipe = client.pipeline(transaction=False)
+    for args in calls:
+        getattr(pipe, command)(*args, **options)
+    return pipe.execute()
 
 
 def _part(name: str) -> str:
@@ -96,6 +123,8 @@ class RedisBackend:
             raise ValueError(f"chunk_bytes must be at least 1024, not {chunk_bytes!r}")
         redis = _redis()
         self._errors = (redis.RedisError, OSError)
+        self._timeouts = (socket_timeout, connect_timeout)
+        self._from_url = isinstance(url_or_client, str)
         if isinstance(url_or_client, str):
             self.url = url_or_client
             self._client = _connect(url_or_client, socket_timeout, connect_timeout)
@@ -107,8 +136,10 @@ class RedisBackend:
         self.chunk_bytes = chunk_bytes
         self.encrypt = encrypt
         self.breaker = Breaker(breaker_failures, breaker_cooldown)
-        self._swap = self._client.register_script(_SWAP)
-        self._release = self._client.register_script(_RELEASE)
+        self._conn = _Conn(self._client, self._client.register_script(_SWAP),
+                           self._client.register_script(_RELEASE))
+        # redis.asyncio clients belong to the event loop they first ran on: one per loop
+        self._aconns: weakref.WeakKeyDictionary[Any, _Conn] = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:
         return f"RedisBackend({self.url!r})"
@@ -131,79 +162,152 @@ class RedisBackend:
         return f"{self.prefix}:{_part(key.namespace)}:{_part(key.function)}:{{{key.hex}}}"
 
     def get(self, key: Key) -> Stored | None:
-        with self._call("get"):
-            value = self._client.get(self._name(key))
-            if value is None:
-                return None
-            manifest = read_manifest(value)
-            if manifest is None:
-                # an entry, or garbage that parsing will report as a corrupt entry
-                return Stored(memoryview(value))
-            parts = self._client.mget(self._chunk_names(key, manifest))
+        return self._run("get", self._get_steps(key))
+
+    async def aget(self, key: Key) -> Stored | None:
+        """``get`` on redis.asyncio, for async functions (see :meth:`_aconn`)."""
+        return await self._arun("get", self._get_steps(key))
+
+    def _get_steps(self, key: Key) -> Steps[Stored | None]:
+        name = self._name(key)
+        value = yield lambda c: c.client.get(name)
+        if value is None:
+            return None
+        manifest = read_manifest(value)
+        if manifest is None:
+            # an entry, or garbage that parsing will report as a corrupt entry
+            return Stored(memoryview(value))
+        names = self._chunk_names(key, manifest)
+        parts = yield lambda c: c.client.mget(names)
         if any(part is None for part in parts):
             return None  # a chunk expired or was evicted: the entry is gone
         data = join(parts, manifest["size"])
         return Stored(memoryview(data)) if data is not None else None
+
+    # -- running an operation on either client ------------------------------------------------
+
+    def _run(self, what: str, steps: Steps[T]) -> T:
+        with self._call(what):
+            try:
+                step = next(steps)
+                while True:
+                    step = steps.send(step(self._conn))
+            except StopIteration as done:
+                result: T = done.value
+                return result
+
+    async def _arun(self, what: str, steps: Steps[T]) -> T:
+        conn = self._aconn()
+        if conn is None:  # no URL to open an async client with: the sync one, in a thread
+            import asyncio
+
+            return await asyncio.to_thread(self._run, what, steps)
+        with self._call(what):
+            try:
+                step = next(steps)
+                while True:
+                    step = steps.send(await step(conn))
+            except StopIteration as done:
+                result: T = done.value
+                return result
+
+    def _aconn(self) -> _Conn | None:
+        """This event loop's redis.asyncio client, made from the backend's URL and timeouts;
+        None for a backend made from a client object (its async twin is unknown)."""
+        if not self._from_url:
+            return None
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        conn = self._aconns.get(loop)
+        if conn is None:
+            client = _connect(self.url, *self._timeouts, asynchronous=True)
+            conn = _Conn(client, client.register_script(_SWAP), client.register_script(_RELEASE))
+            self._aconns[loop] = conn
+        return conn
+
+    async def aclose(self) -> None:
+        """Close this event loop's async client (``close`` closes the sync one)."""
+        import asyncio
+
+        conn = self._aconns.pop(asyncio.get_running_loop(), None)
+        if conn is not None:
+            await conn.client.aclose()
 
     def _chunk_names(self, key: Key, manifest: dict[str, Any]) -> list[str]:
         return chunk_names(self._name(key), manifest)
 
     def set(self, key: Key, encoded: Encoded, *, created: float, expires: float | None) -> int:
         data = memoryview(entry_bytes(key, encoded, created=created, expires=expires))
-        px = ""
-        if expires:
-            px_ms = int((expires - time.time()) * 1000)
-            if px_ms <= 0:
-                return 0  # expired before it could be stored
-            px = str(px_ms)
-        name = self._name(key)
-        with self._call("set"):
-            if data.nbytes <= self.chunk_bytes:
-                old = self._swap(keys=[name], args=[px, data.tobytes(), MANIFEST])
-            else:
-                manifest = self._write_chunks(key, data, px)
-                old = self._swap(keys=[name], args=[px, manifest, MANIFEST])
-            self._drop_chunks(key, old)
+        px = _px(expires)
+        if px is None:
+            return 0  # expired before it could be stored
+        self._run("set", self._set_steps(key, data, px))
         return data.nbytes
 
-    def _write_chunks(self, key: Key, data: memoryview, px: str) -> bytes:
+    async def aset(self, key: Key, encoded: Encoded, *, created: float,
+                   expires: float | None) -> int:
+        """``set`` on redis.asyncio; a large entry is assembled in a worker thread."""
+        if encoded.in_memory and encoded.buffered_size() < _ASSEMBLE_ASIDE:
+            data = memoryview(entry_bytes(key, encoded, created=created, expires=expires))
+        else:
+            import asyncio
+
+            data = memoryview(await asyncio.to_thread(
+                entry_bytes, key, encoded, created=created, expires=expires))
+        px = _px(expires)
+        if px is None:
+            return 0
+        await self._arun("set", self._set_steps(key, data, px))
+        return data.nbytes
+
+    def _set_steps(self, key: Key, data: memoryview, px: str) -> Steps[None]:
+        name = self._name(key)
+        if data.nbytes <= self.chunk_bytes:
+            value = data.tobytes()
+            old = yield lambda c: c.swap(keys=[name], args=[px, value, MANIFEST])
+        else:
+            manifest, chunks = self._chunks(key, data)
+            options = {"px": int(px)} if px else {}
+            yield lambda c: _pipelined(c.client, "set", chunks, **options)
+            old = yield lambda c: c.swap(keys=[name], args=[px, manifest, MANIFEST])
+        yield from self._drop_chunks(key, old)
+
+    def _chunks(self, key: Key, data: memoryview) -> tuple[bytes, list[tuple[str, bytes]]]:
+        """The manifest of a chunked entry under a fresh version id, and its chunks."""
         version = secrets.token_hex(8)
         count = -(-data.nbytes // self.chunk_bytes)
         manifest = {"v": version, "n": count, "size": data.nbytes}
-        pipe = self._client.pipeline(transaction=False)
-        for i, name in enumerate(self._chunk_names(key, manifest)):
-            chunk = data[i * self.chunk_bytes : (i + 1) * self.chunk_bytes]
-            pipe.set(name, chunk.tobytes(), px=int(px) if px else None)
-        pipe.execute()
+        chunks = [(name, data[i * self.chunk_bytes : (i + 1) * self.chunk_bytes].tobytes())
+                  for i, name in enumerate(self._chunk_names(key, manifest))]
         header = read_header(data)
         manifest["head"] = data[:ALIGN].tobytes()
         manifest["tail"] = data[header.trailer_at :].tobytes()
-        return pack_manifest(manifest)
+        return pack_manifest(manifest), chunks
 
-    def _drop_chunks(self, key: Key, old: bytes | None) -> None:
+    def _drop_chunks(self, key: Key, old: bytes | None) -> Steps[None]:
         """Delete the chunks of a manifest that was just replaced or deleted."""
         manifest = read_manifest(old) if old else None
         if manifest is not None:
-            self._unlink(self._chunk_names(key, manifest))
+            names = self._chunk_names(key, manifest)
+            yield lambda c: c.client.unlink(*names)  # one hash tag: one slot, one command
 
     def delete(self, key: Key) -> bool:
-        name = self._name(key)
-        with self._call("delete"):
-            existed = bool(self._client.exists(name))
-            old = self._swap(keys=[name], args=["", "", MANIFEST])
-            self._drop_chunks(key, old)
-        return existed
+        return self._run("delete", self._delete_steps(key))
 
-    def _unlink(self, names: list[str]) -> None:
+    def _delete_steps(self, key: Key) -> Steps[bool]:
+        name = self._name(key)
+        existed = yield lambda c: c.client.exists(name)
+        old = yield lambda c: c.swap(keys=[name], args=["", "", MANIFEST])
+        yield from self._drop_chunks(key, old)
+        return bool(existed)
+
+    def _unlink(self, client: Any, names: list[str]) -> Any:
         if not names:
-            return
+            return []
         if self.cluster:  # keys of several slots: one command each, in one pipeline
-            pipe = self._client.pipeline()
-            for name in names:
-                pipe.unlink(name)
-            pipe.execute()
-        else:
-            self._client.unlink(*names)
+            return _pipelined(client, "unlink", [(name,) for name in names])
+        return client.unlink(*names)
 
     def _pattern(self, namespace: str | None, function: str | None) -> str:
         if namespace is None:
@@ -228,9 +332,9 @@ class RedisBackend:
                 batch.append(name)
                 removed += name.endswith("}")
                 if len(batch) >= 500:
-                    self._unlink(batch)
+                    self._unlink(self._client, batch)
                     batch = []
-            self._unlink(batch)
+            self._unlink(self._client, batch)
         return removed
 
     def entries(self, namespace: str | None = None) -> Iterator[EntryInfo]:
@@ -271,40 +375,88 @@ class RedisBackend:
     @contextlib.contextmanager
     def lock(self, key: Key, timeout: float) -> Iterator[Held]:
         """``SET lock token NX PX``: expires if its owner dies, released only by its owner."""
-        name = self._name(key) + ":lock"
-        token = secrets.token_hex(16)
-        ttl_ms = max(int(timeout * 1000), 1000)
-
-        def attempt() -> bool:
-            with self._call("lock"):
-                return bool(self._client.set(name, token, nx=True, px=ttl_ms))
-
-        held = take_lock(attempt, timeout)
+        name, token, ttl_ms = self._lock_name(key), secrets.token_hex(16), _lock_ms(timeout)
+        held = take_lock(lambda: self._run("lock", self._take(name, token, ttl_ms)), timeout)
         if not held:
             yield held
             return
         try:
             yield held
         finally:
-            with contextlib.suppress(BackendError), self._call("unlock"):
-                self._release(keys=[name], args=[token])
+            with contextlib.suppress(BackendError):
+                self._run("unlock", self._give_back(name, token))
+
+    @contextlib.asynccontextmanager
+    async def alock(self, key: Key, timeout: float) -> AsyncIterator[Held]:
+        """``lock`` on redis.asyncio: tasks wait for it without blocking the event loop."""
+        name, token, ttl_ms = self._lock_name(key), secrets.token_hex(16), _lock_ms(timeout)
+
+        async def attempt() -> bool:
+            return await self._arun("lock", self._take(name, token, ttl_ms))
+
+        held = await atake_lock(attempt, timeout)
+        if not held:
+            yield held
+            return
+        try:
+            yield held
+        finally:
+            with contextlib.suppress(BackendError):
+                await self._arun("unlock", self._give_back(name, token))
+
+    def _lock_name(self, key: Key) -> str:
+        return self._name(key) + ":lock"
+
+    @staticmethod
+    def _take(name: str, token: str, ttl_ms: int) -> Steps[bool]:
+        taken = yield lambda c: c.client.set(name, token, nx=True, px=ttl_ms)
+        return bool(taken)
+
+    @staticmethod
+    def _give_back(name: str, token: str) -> Steps[None]:
+        yield lambda c: c.release(keys=[name], args=[token])
 
     def close(self) -> None:
         self._client.close()
 
 
-def _connect(url: str, socket_timeout: float, connect_timeout: float) -> Any:
+def _px(expires: float | None) -> str | None:
+    """SET's PX argument for an absolute expiry: "" for none, None if already past."""
+    if not expires:
+        return ""
+    px_ms = int((expires - time.time()) * 1000)
+    return str(px_ms) if px_ms > 0 else None
+
+
+def _lock_ms(timeout: float) -> int:
+    return max(int(timeout * 1000), 1000)
+
+
+#: Entries at least this large are assembled in a worker thread by ``aset``.
+_ASSEMBLE_ASIDE = 1 << 20
+
+
+def _connect(url: str, socket_timeout: float, connect_timeout: float,
+             asynchronous: bool = False) -> Any:
+    """A redis-py client for ``url``, or its redis.asyncio twin."""
     options: dict[str, Any] = {
         "socket_timeout": socket_timeout, "socket_connect_timeout": connect_timeout,
     }
     redis = _redis()
+    if asynchronous:
+        import redis.asyncio
+        import redis.asyncio.cluster
+
+        standalone, cluster = redis.asyncio.Redis, redis.asyncio.cluster
+    else:
+        standalone, cluster = redis.Redis, redis.cluster
     parts = urlsplit(url)
     if parts.scheme == "redis+cluster":
         nodes = []
         for address in parts.netloc.split(","):
             host, _, port = address.rpartition(":")
-            nodes.append(redis.cluster.ClusterNode(host or "127.0.0.1", int(port or 6379)))
-        return redis.cluster.RedisCluster(startup_nodes=nodes, **options)
+            nodes.append(cluster.ClusterNode(host or "127.0.0.1", int(port or 6379)))
+        return cluster.RedisCluster(startup_nodes=nodes, **options)
     if parts.scheme not in ("redis", "rediss", "unix"):
         raise ValueError(f"not a Redis URL: {url!r}")
-    return redis.Redis.from_url(url, **options)
+    return standalone.from_url(url, **options)
