@@ -386,9 +386,8 @@ def test_documented_argument_kinds_are_keyed_by_value() -> None:
 
 
 def test_set_and_frozenset_bytes_and_bytearray_are_different_keys() -> None:
-    """KNOWN BUG: keys tell list from tuple (and 1 from 1.0 from True), but set and frozenset
-    share one tag, and so do bytes and bytearray: an identity-like function then returns the
-    other call's type from the cache."""
+    """Keys tell set from frozenset and bytes from bytearray (as list from tuple): a shared tag
+    would let an identity-like function return the other call's type from the cache."""
 
     @cache(backend=None)
     def same(x: Any) -> Any:
@@ -431,8 +430,8 @@ def test_dataframe_arguments_are_hashed_by_content_not_layout() -> None:
         by_column[name] = np.arange(12, dtype=np.int64).reshape(4, 3)[:, position].copy()
     pd.testing.assert_frame_equal(from_2d, by_column)
     assert from_2d._mgr.nblocks != by_column._mgr.nblocks  # really different layouts
-    # (KNOWN BUG: fails today because by_column's labels are a 3-chunk Arrow string array; see
-    # test_chunked_strings_hash_like_contiguous_ones)
+    # by_column's labels are a 3-chunk Arrow string array: see
+    # test_chunked_strings_hash_like_contiguous_ones
 
     key = rows.cache_key(from_2d)
     assert rows.cache_key(by_column) == key
@@ -464,9 +463,8 @@ def test_dataframe_block_layout_does_not_change_the_key() -> None:
 
 
 def test_chunked_strings_hash_like_contiguous_ones() -> None:
-    """KNOWN BUG: string/binary Arrow arrays are hashed chunk by chunk as (lengths, data), so
-    the same strings in other chunks give another key (pandas 3 str columns and labels are often
-    chunked: after pd.concat, or columns added one at a time)."""
+    """The same strings in other chunks give the same key (pandas 3 str columns and labels are
+    often chunked: after pd.concat, or columns added one at a time)."""
     import pyarrow as pa
 
     @cache(backend=None)
@@ -593,8 +591,8 @@ def test_l1_max_bytes_bounds_mutable_values() -> None:
 
 
 def test_l1_max_bytes_bounds_large_immutable_values() -> None:
-    """KNOWN BUG: str/bytes (and tuples of scalars) are kept in L1 as themselves and accounted as
-    64 bytes whatever their size, so l1_max_bytes does not bound them."""
+    """str/bytes (and tuples of scalars) are kept in L1 as themselves, and accounted at their
+    real size so that l1_max_bytes bounds them."""
 
     @cache(backend=None, l1_max_bytes=120_000)
     def f(x: int) -> bytes:
@@ -734,8 +732,8 @@ def _break_folder(backend: FileBackend) -> None:
 def test_backend_failure_is_a_logged_miss(
     lock: bool, file_backend: FileBackend, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """KNOWN BUG with lock=True: taking the File backend's lock file raises a plain OSError
-    (NotADirectoryError here; PermissionError on a read-only folder) out of the call."""
+    """With lock=True too: a lock file that cannot be taken (NotADirectoryError here;
+    PermissionError on a read-only folder) is a logged backend failure, not an error of the call."""
     body = Counter()
 
     @cache(backend=file_backend, l1=False, lock=lock)
@@ -806,8 +804,8 @@ def test_corrupt_entry_is_a_logged_miss_and_gets_rewritten(
 def test_one_corrupt_entry_is_reported_once(
     file_backend: FileBackend, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """KNOWN BUG: a miss reads the entry three times (before the in-process flight lock, under it,
-    and under the cross-process lock), so one corrupt file is logged and counted three times."""
+    """A miss may look at the entry up to three times (before the in-process flight lock, under
+    it, and under the cross-process lock); one corrupt file is logged and counted once."""
 
     @cache(backend=file_backend, l1=False)
     def f(x: int) -> int:

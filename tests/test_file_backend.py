@@ -293,8 +293,8 @@ def test_get_and_delete_on_an_unusable_folder_are_backend_errors(
 
 
 def test_lock_on_an_unusable_folder_is_a_backend_error(broken_backend: FileBackend) -> None:
-    """KNOWN BUG: _exclusive lets the os.open error (here NotADirectoryError; EACCES or ENOSPC on
-    a read-only or full disk) escape as a plain OSError."""
+    """The lock file's os.open error (here NotADirectoryError; EACCES or ENOSPC on a read-only
+    or full disk) is translated at the boundary, never a plain OSError."""
     with pytest.raises(BackendError), broken_backend.lock(_key(1), timeout=0.1):
         pass
 
