@@ -9,8 +9,10 @@ chunk is a miss.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
+import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
@@ -140,6 +142,8 @@ class RedisBackend:
                            self._client.register_script(_RELEASE))
         # redis.asyncio clients belong to the event loop they first ran on: one per loop
         self._aconns: weakref.WeakKeyDictionary[Any, _Conn] = weakref.WeakKeyDictionary()
+        self._opening: weakref.WeakKeyDictionary[Any, asyncio.Lock] = weakref.WeakKeyDictionary()
+        self._guard = threading.Lock()
 
     def __repr__(self) -> str:
         return f"RedisBackend({self.url!r})"
@@ -197,10 +201,8 @@ class RedisBackend:
                 return result
 
     async def _arun(self, what: str, steps: Steps[T]) -> T:
-        conn = self._aconn()
+        conn = self._aconns.get(asyncio.get_running_loop()) or await self._aconn(what)
         if conn is None:  # no URL to open an async client with: the sync one, in a thread
-            import asyncio
-
             return await asyncio.to_thread(self._run, what, steps)
         with self._call(what):
             try:
@@ -211,25 +213,32 @@ class RedisBackend:
                 result: T = done.value
                 return result
 
-    def _aconn(self) -> _Conn | None:
+    async def _aconn(self, what: str) -> _Conn | None:
         """This event loop's redis.asyncio client, made from the backend's URL and timeouts;
-        None for a backend made from a client object (its async twin is unknown)."""
+        None for a backend made from a client object (its async twin is unknown). A Cluster
+        client learns the slot map before any task uses it: tasks racing its first commands
+        could otherwise use connections its initialisation closes."""
         if not self._from_url:
             return None
-        import asyncio
-
         loop = asyncio.get_running_loop()
-        conn = self._aconns.get(loop)
-        if conn is None:
-            client = _connect(self.url, *self._timeouts, asynchronous=True)
-            conn = _Conn(client, client.register_script(_SWAP), client.register_script(_RELEASE))
-            self._aconns[loop] = conn
+        with self._guard:
+            opening = self._opening.get(loop)
+            if opening is None:
+                opening = self._opening[loop] = asyncio.Lock()
+        async with opening:
+            conn = self._aconns.get(loop)
+            if conn is None:
+                client = _connect(self.url, *self._timeouts, asynchronous=True)
+                if self.cluster:
+                    with self._call(what):
+                        await client.initialize()
+                conn = _Conn(client, client.register_script(_SWAP),
+                             client.register_script(_RELEASE))
+                self._aconns[loop] = conn
         return conn
 
     async def aclose(self) -> None:
         """Close this event loop's async client (``close`` closes the sync one)."""
-        import asyncio
-
         conn = self._aconns.pop(asyncio.get_running_loop(), None)
         if conn is not None:
             await conn.client.aclose()
@@ -251,8 +260,6 @@ class RedisBackend:
         if encoded.in_memory and encoded.buffered_size() < _ASSEMBLE_ASIDE:
             data = memoryview(entry_bytes(key, encoded, created=created, expires=expires))
         else:
-            import asyncio
-
             data = memoryview(await asyncio.to_thread(
                 entry_bytes, key, encoded, created=created, expires=expires))
         px = _px(expires)
