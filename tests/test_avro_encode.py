@@ -547,3 +547,13 @@ def test_null_parent_hides_its_children() -> None:
     schema = ["null", {"type": "record", "name": "P", "fields": [{"name": "a", "type": "int"}]}]
     column = to_arrow(parse_schema(schema).root, [None, {"a": 1}])
     assert one(schema, column) == expected(schema, [None, {"a": 1}])
+
+
+def test_plans_are_compiled_once_per_schema_and_input_type() -> None:
+    schema = parse_schema({"type": "record", "name": "C", "fields": [{"name": "a", "type": "int"}]})
+    batch = pa.RecordBatch.from_pydict({"a": pa.array([1, 2], pa.int32())})
+    encode(batch, schema)
+    before = encoder_module._compiled.cache_info()
+    assert encode(batch.slice(1), schema).to_pylist() == [b"\x04"]
+    after = encoder_module._compiled.cache_info()
+    assert (after.hits, after.misses) == (before.hits + 1, before.misses)

@@ -24,6 +24,7 @@ strings for an enum, int64 for an int):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,9 +103,15 @@ class Plan:
     root: Node
     normalize_columns: list[tuple[str, Normalize]]  # input column name -> normalise
     arrow_type: Any  # the normalised type of the array root reads
+    checked: set[Any] = field(default_factory=set)  # normalised types seen to fit arrow_type
 
     def nodes(self) -> list[Node]:
         return self.root.walk()
+
+    @functools.cached_property
+    def native(self) -> tuple[Any, ...]:
+        """The plan as _cencode reads it."""
+        return self.root.as_tuple()
 
 
 def compile_plan(root: AvroType, input_schema: Any) -> Plan:

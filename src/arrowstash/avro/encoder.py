@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from arrowstash.avro._encode_plan import (
     compile_plan,
     same_layout,
 )
-from arrowstash.avro.schema import SchemaLike, parse_schema
+from arrowstash.avro.schema import Schema, SchemaLike, parse_schema
 from arrowstash.errors import AvroEncodeError
 
 __all__ = ["encode"]
@@ -50,7 +51,7 @@ def encode(data: Any, schema: SchemaLike, *, threads: int | None = None) -> Any:
     parsed = parse_schema(schema)
     batches = _batches(data)
     try:
-        plan = compile_plan(parsed.root, batches[0].schema if batches else data.schema)
+        plan = _compiled(parsed, batches[0].schema if batches else data.schema)
     except PlanError as exc:
         raise AvroEncodeError(f"column {exc.path!r}: {exc.message}") from None
     arrays, row = [], 0
@@ -67,7 +68,7 @@ def encode(data: Any, schema: SchemaLike, *, threads: int | None = None) -> Any:
     guess = (sum(a.nbytes for a in arrays) + 8 * row) // n_threads + 4096
     scratch = [pa.allocate_buffer(guess, resizable=True) for _ in range(n_threads)]
     data, offsets, large, size, error = native.encode(
-        plan.root.as_tuple(), capsules, scratch, pa.allocate_buffer
+        plan.native, capsules, scratch, pa.allocate_buffer
     )
     if error is not None:
         raise _describe_native_error(plan, arrays, error)
@@ -82,6 +83,12 @@ try:  # the compiled encoder; absent where the package was installed without a c
     _cencode = importlib.import_module("arrowstash.avro._cencode")
 except ImportError:  # pragma: no cover - depends on the build
     _cencode = None
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(schema: Schema, input_schema: Any) -> Plan:
+    """Plans are compiled once per (schema, input Arrow schema): small batches stay cheap."""
+    return compile_plan(schema.root, input_schema)
 
 
 def _native() -> Any:
@@ -128,8 +135,10 @@ def _normalize(plan: Plan, batch: Any, first_row: int) -> Any:
         top = pa.StructArray.from_arrays(columns, fields=fields)
     else:
         top = columns[0]
-    if not same_layout(top.type, plan.arrow_type):  # the C encoder trusts this
-        raise AssertionError(f"normalised {top.type} does not have the layout {plan.arrow_type}")
+    if top.type not in plan.checked:  # the C encoder trusts the layout: checked once per type
+        if not same_layout(top.type, plan.arrow_type):
+            raise AssertionError(f"normalised {top.type} lacks the layout {plan.arrow_type}")
+        plan.checked.add(top.type)
     return top
 
 
