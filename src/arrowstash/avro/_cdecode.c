@@ -16,7 +16,8 @@
 #include <string.h>
 
 enum { K_NULL, K_BOOL, K_INT, K_LONG, K_FLOAT, K_DOUBLE, K_BYTES, K_STRING, K_FIXED, K_ENUM,
-       K_UUID_STR, K_DEC_BYTES, K_DEC_FIXED, K_DURATION, K_RECORD, K_ARRAY, K_MAP, K_UNION };
+       K_UUID_STR, K_DEC_BYTES, K_DEC_FIXED, K_DURATION, K_RECORD, K_ARRAY, K_MAP, K_UNION,
+       K_NULLABLE /* not a plan kind: Node.op of a ["null", T] node */ };
 
 enum { E_TRUNCATED = 1, E_VARINT, E_INT_RANGE, E_UNION_INDEX, E_NEGATIVE, E_UTF8, E_TRAILING,
        E_BOOL, E_ENUM, E_UUID, E_DECIMAL, E_DURATION, E_BLOCK_COUNT, E_TOO_LARGE,
@@ -32,6 +33,8 @@ typedef const uint8_t *(*DecFn)(struct Ctx *c, const struct Node *n, struct Col 
 
 typedef struct Node {
     int kind, null_branch, nchildren, null_child, index;
+    int op;             /* kind, or K_NULLABLE */
+    size_t col_offset;  /* index * sizeof(Col): where its column is in a context's array */
     int64_t param, size, min_size, item_min;
     int *children;
     struct Node **kids; /* the children as pointers */
@@ -108,12 +111,14 @@ static inline int buf_i32(Buf *b, int32_t v) {
 }
 
 /* Set bit i (the buffer grows zero-filled, so clearing is only growing). */
+/* Append bit i (0 or 1) of a bitmap filled in order, so that it holds ceil(i / 8) bytes. */
 static inline int bit_put(Buf *b, int64_t i, int v) {
-    size_t need = (size_t)(i >> 3) + 1;
-    if (need > b->len) {
-        if (buf_zeros(b, need - b->len)) return -1;
+    if ((i & 7) == 0) {
+        if (buf_reserve(b, 1)) return -1;
+        b->p[b->len++] = (uint8_t)v;
+    } else {
+        b->p[i >> 3] |= (uint8_t)(v << (i & 7));
     }
-    if (v) b->p[i >> 3] |= (uint8_t)(1u << (i & 7));
     return 0;
 }
 
@@ -439,9 +444,16 @@ static inline __attribute__((always_inline)) const uint8_t *dec_leaf_or_call(
 
 static inline __attribute__((always_inline)) const uint8_t *dec_any(Ctx *c, const Node *n,
                                                                     const uint8_t *p) {
-    Col *col = &c->cols[n->index];
-    if (n->null_branch >= 0) return d_nullable(c, n, col, p);
-    return dec_leaf_or_call(c, n, col, p);
+    Col *col = (Col *)((char *)c->cols + n->col_offset);
+    switch (n->op) { /* the kind, or K_NULLABLE: one jump for both questions */
+    case K_NULLABLE: return d_nullable(c, n, col, p);
+    case K_STRING: case K_BYTES: return d_bytes(c, n, col, p);
+    case K_INT: return d_int(c, n, col, p);
+    case K_LONG: return d_long(c, n, col, p);
+    case K_BOOL: return d_bool(c, n, col, p);
+    case K_FLOAT: case K_DOUBLE: case K_FIXED: return d_sized(c, n, col, p);
+    default: return n->fn(c, n, col, p);
+    }
 }
 
 static const uint8_t *d_record(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
@@ -995,6 +1007,8 @@ static Node *parse_plan(PyObject *plan, int *nnodes) {
         for (int k = 0; k < nd->nchildren; k++) nd->kids[k] = &nodes[nd->children[k]];
         nd->fn = KIND_FN[nd->kind];
         nd->entry = nd->null_branch >= 0 ? d_nullable : nd->fn;
+        nd->op = nd->null_branch >= 0 ? K_NULLABLE : nd->kind;
+        nd->col_offset = (size_t)i * sizeof(Col);
         if (nd->kind == K_FLOAT) nd->size = 4;
         if (nd->kind == K_DOUBLE) nd->size = 8;
         if (nd->kind == K_FIXED) nd->size = nd->param;
