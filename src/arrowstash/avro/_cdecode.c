@@ -293,7 +293,6 @@ static int empty(Ctx *c, int ni) {
     return 0;
 }
 
-static const uint8_t *d_nullable(Ctx *c, const Node *n, Col *col, const uint8_t *p);
 
 /* One value of kid: the common leaf kinds inline (no call), the rest through its function. */
 #define CHILD(c, kid, p) dec_any((c), (kid), (p))
@@ -387,11 +386,12 @@ static inline int rd_len(Ctx *c, const Node *n, const uint8_t **p, int64_t *len)
     return 0;
 }
 
-static inline __attribute__((always_inline)) const uint8_t *d_bytes(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+static inline __attribute__((always_inline)) const uint8_t *d_bytes_or_string(
+    Ctx *c, const Node *n, Col *col, const uint8_t *p, int is_string) {
     const uint8_t *start = p; /* bytes and string */
     int64_t v;
     if (rd_len(c, n, &p, &v)) return NULL;
-    if (n->kind == K_STRING && c->strict_utf8 && !utf8_ok(p, (size_t)v))
+    if (is_string && c->strict_utf8 && !utf8_ok(p, (size_t)v))
         return FAIL(c, E_UTF8, start, n, 0);
     Buf *d = &col->data, *o = &col->offs;
     if (buf_reserve(d, (size_t)v + 16) || buf_reserve(o, 4)) return OOM(c, start, n);
@@ -406,6 +406,16 @@ static inline __attribute__((always_inline)) const uint8_t *d_bytes(Ctx *c, cons
     o->len += 4;
     col->length++;
     return p + v;
+}
+
+static inline __attribute__((always_inline)) const uint8_t *d_bytes(Ctx *c, const Node *n,
+                                                                    Col *col, const uint8_t *p) {
+    return d_bytes_or_string(c, n, col, p, 0);
+}
+
+static inline __attribute__((always_inline)) const uint8_t *d_string(Ctx *c, const Node *n,
+                                                                     Col *col, const uint8_t *p) {
+    return d_bytes_or_string(c, n, col, p, 1);
 }
 
 static const uint8_t *d_uuid(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
@@ -442,12 +452,25 @@ static inline __attribute__((always_inline)) const uint8_t *dec_leaf_or_call(
     }
 }
 
+/* ["null", T] or [T, "null"]: the branch index, then T's value or an empty slot. */
+static inline __attribute__((always_inline)) const uint8_t *d_nullable(Ctx *c, const Node *n,
+                                                                       Col *col, const uint8_t *p) {
+    const uint8_t *start = p;
+    int64_t idx;
+    if (rd_long(c, &p, n->index, &idx)) return NULL;
+    if (idx == n->null_branch) return empty(c, n->index) ? OOM(c, start, n) : p;
+    if (idx != 1 - n->null_branch) return FAIL(c, E_UNION_INDEX, start, n, idx);
+    if (bit_put(&col->valid, col->length, 1)) return OOM(c, start, n);
+    return dec_leaf_or_call(c, n, col, p);
+}
+
 static inline __attribute__((always_inline)) const uint8_t *dec_any(Ctx *c, const Node *n,
                                                                     const uint8_t *p) {
     Col *col = (Col *)((char *)c->cols + n->col_offset);
     switch (n->op) { /* the kind, or K_NULLABLE: one jump for both questions */
     case K_NULLABLE: return d_nullable(c, n, col, p);
-    case K_STRING: case K_BYTES: return d_bytes(c, n, col, p);
+    case K_STRING: return d_string(c, n, col, p);
+    case K_BYTES: return d_bytes(c, n, col, p);
     case K_INT: return d_int(c, n, col, p);
     case K_LONG: return d_long(c, n, col, p);
     case K_BOOL: return d_bool(c, n, col, p);
@@ -517,20 +540,10 @@ static const uint8_t *d_union(Ctx *c, const Node *n, Col *col, const uint8_t *p)
     return CHILD(c, kid, p);
 }
 
-/* ["null", T] or [T, "null"]: the branch index, then T's value or an empty slot. */
-static const uint8_t *d_nullable(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
-    const uint8_t *start = p;
-    int64_t idx;
-    if (rd_long(c, &p, n->index, &idx)) return NULL;
-    if (idx == n->null_branch) return empty(c, n->index) ? OOM(c, start, n) : p;
-    if (idx != 1 - n->null_branch) return FAIL(c, E_UNION_INDEX, start, n, idx);
-    if (bit_put(&col->valid, col->length, 1)) return OOM(c, start, n);
-    return dec_leaf_or_call(c, n, col, p);
-}
 
 static const DecFn KIND_FN[] = {
     [K_NULL] = d_null, [K_BOOL] = d_bool, [K_INT] = d_int, [K_LONG] = d_long,
-    [K_FLOAT] = d_sized, [K_DOUBLE] = d_sized, [K_BYTES] = d_bytes, [K_STRING] = d_bytes,
+    [K_FLOAT] = d_sized, [K_DOUBLE] = d_sized, [K_BYTES] = d_bytes, [K_STRING] = d_string,
     [K_FIXED] = d_sized, [K_ENUM] = d_enum, [K_UUID_STR] = d_uuid, [K_DEC_BYTES] = d_dec_bytes,
     [K_DEC_FIXED] = d_dec_fixed, [K_DURATION] = d_duration, [K_RECORD] = d_record,
     [K_ARRAY] = d_list, [K_MAP] = d_list, [K_UNION] = d_union,
