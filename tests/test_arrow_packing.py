@@ -221,3 +221,25 @@ def test_many_stores_in_parallel_threads_each_read_back(tmp_path: Path) -> None:
     for k in range(6):
         tm.assert_frame_equal(produce(k), frames[k], check_exact=True)
     assert produce.cache_info().hits == 6
+
+
+def test_groups_read_in_the_workers_from_several_threads_at_once(tmp_path: Path) -> None:
+    """Many groups (small batch_bytes), each decompressed in the shared worker pool, while
+    other threads read the same entry: every hit is the frame."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    original = pd.DataFrame({f"c{k}": np.arange(ROWS) % (k + 2) for k in range(12)})
+    original["s"] = [f"v{j % 9}" for j in range(ROWS)]
+
+    @cache(backend=FileBackend(Path(tempfile.mkdtemp(dir=tmp_path))), l1=False,
+           serializer=ArrowSerializer(compression="lz4", batch_bytes=100_000))
+    def produce() -> pd.DataFrame:
+        return original
+
+    produce()
+    with ThreadPoolExecutor(4) as pool:
+        hits = list(pool.map(lambda _: produce(), range(8)))
+    for hit in hits:
+        tm.assert_frame_equal(hit, original, check_exact=True)
+    entry_meta = _entry(original, batch_bytes=100_000).meta
+    assert entry_meta["packed"] and len(entry_meta["groups"]) >= 4

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
 
 from arrowstash.serializers._batches import rebatch
-from arrowstash.serializers._packing import pack_whole, packer
+from arrowstash.serializers._packing import pack_whole, packer, unpack
 
 Section = Callable[[Any], None]
 
@@ -138,3 +138,20 @@ def _write_sliced(part: pa.Table, batch_bytes: int, sink: Any, codec: pa.Codec) 
     write_stream(schema, (pa.record_batch([found[1](batch.column(0))], schema=schema)
                           for batch in slices), sink, options)
     return None
+
+
+def read_groups(groups: list[tuple[list[int], memoryview]], schema: pa.Schema, packed: bool
+                ) -> Iterator[list[pa.ChunkedArray]]:
+    """Each group's columns, back in their ``schema`` types. Packed (compressed) groups are
+    decompressed in the worker threads, one group each: Arrow decompresses a batch's buffers in
+    parallel, but a one-column group has one or two."""
+
+    def read(item: tuple[list[int], memoryview]) -> list[pa.ChunkedArray]:
+        positions, section = item
+        part = pa.ipc.open_stream(pa.py_buffer(section)).read_all()
+        return [unpack(column, schema.field(position).type)
+                for position, column in zip(positions, part.columns, strict=True)]
+
+    if packed and len(groups) > 1:
+        return _workers().map(read, groups)
+    return map(read, groups)

@@ -18,8 +18,8 @@ from arrowstash import config
 from arrowstash.entry import FLAG_COMPRESSED, Encoded
 from arrowstash.errors import CorruptEntryError, SerializationError
 from arrowstash.serializers._batches import Source, label_codec, rebatch
-from arrowstash.serializers._groups import group_sections, size_groups
-from arrowstash.serializers._packing import MIN_TABLE_BYTES, unpack
+from arrowstash.serializers._groups import group_sections, read_groups, size_groups
+from arrowstash.serializers._packing import MIN_TABLE_BYTES
 from arrowstash.serializers._pandas import from_pandas, to_pandas
 
 RETURN_FORMATS = ("auto", "pandas", "polars", "arrow")
@@ -96,7 +96,7 @@ class ArrowSerializer:
         elif table is not None and table.nbytes >= MIN_TABLE_BYTES:
             # compressed: columns packed, in groups compressed by worker threads (_groups)
             groups = size_groups(table, self.batch_bytes)
-            meta["groups"] = groups
+            meta["groups"], meta["packed"] = groups, True
             codec_ = pa.Codec(codec, self.compression_level)
             sections = group_sections(table, groups, self.batch_bytes, codec_)
             return Encoded(self.name, meta, sections, flags)
@@ -177,10 +177,11 @@ def _read_table(meta: dict[str, Any], sections: Sequence[memoryview]) -> pa.Tabl
         return pa.ipc.open_stream(pa.py_buffer(sections[0])).read_all()
     schema = pa.ipc.open_stream(pa.py_buffer(sections[0])).schema
     columns: list[Any] = [None] * len(schema)
-    for group, section in zip(meta["groups"], sections[1:], strict=True):
-        part = pa.ipc.open_stream(pa.py_buffer(section)).read_all()
-        for j, position in enumerate(group):
-            columns[position] = unpack(part.column(j), schema.field(position).type)
+    groups = list(zip(meta["groups"], sections[1:], strict=True))
+    for group, part in zip(meta["groups"], read_groups(groups, schema, meta.get("packed", False)),
+                           strict=True):
+        for position, column in zip(group, part, strict=True):
+            columns[position] = column
     return pa.Table.from_arrays(columns, schema=schema)
 
 
