@@ -536,7 +536,8 @@ typedef struct {
     int64_t total;
     int n_threads;
     int64_t *ends;          /* ends[r + 1]: end of row r's datum, relative to its thread's part */
-    uint8_t *data;          /* the output (NULL: thread 0's scratch is the output) */
+    uint8_t *data;          /* the output; thread 0's scratch when it has room for every part */
+    int in_place;           /* thread 0's part already lies at the start of `data` */
     int large;              /* offsets need 64 bits: they are `ends`, made absolute in place */
     int32_t *offsets32;
 } Shared;
@@ -569,7 +570,8 @@ static void *copy_out(void *arg) {
     Task *t = arg;
     Shared *sh = t->sh;
     size_t n = (size_t)(t->w.p - t->w.base);
-    if (n && sh->data != NULL) memcpy(sh->data + t->start, t->w.base, n);
+    if (n && !(sh->in_place && t->start == 0 && t->w.base == sh->data))
+        memcpy(sh->data + t->start, t->w.base, n);
     if (sh->large) {
         for (int64_t r = t->r0; r < t->r1; r++) sh->ends[r + 1] += t->start;
     } else {
@@ -699,18 +701,23 @@ static PyObject *py_encode(PyObject *self, PyObject *args) {
         sh.offsets32 = offs_view.buf;
         sh.offsets32[0] = 0;
     }
-    if (n_threads == 1 && !tasks[0].w.owned) {
-        data_obj = PyList_GET_ITEM(scratch, 0); /* the output as it is */
+    int own_data = 0;
+    if (!tasks[0].w.owned && views[0].len >= pos) {
+        /* thread 0's scratch is the output: its part stays, the others are copied after it */
+        data_obj = PyList_GET_ITEM(scratch, 0);
         Py_INCREF(data_obj);
+        sh.data = views[0].buf;
+        sh.in_place = 1;
     } else {
         data_obj = allocate_view(allocate, pos ? pos : 1, &data_view);
         if (data_obj == NULL) goto done;
         sh.data = data_view.buf;
+        own_data = 1;
     }
     Py_BEGIN_ALLOW_THREADS
     parallel(copy_out, tasks, n_threads);
     Py_END_ALLOW_THREADS
-    if (sh.data != NULL) PyBuffer_Release(&data_view);
+    if (own_data) PyBuffer_Release(&data_view);
     result = Py_BuildValue("(OOiLO)", data_obj, sh.large ? ends_obj : offs_obj, sh.large,
                            (long long)pos, Py_None);
 done:

@@ -64,9 +64,11 @@ def encode(data: Any, schema: SchemaLike, *, threads: int | None = None) -> Any:
         return _encode_python(plan.root, arrays)
     n_threads = _thread_count(threads, row)
     capsules = [a.__arrow_c_array__()[1] for a in arrays]
-    # Scratch from Arrow's pool (which reuses freed pages); one thread's scratch is the output.
-    guess = (sum(a.nbytes for a in arrays) + 8 * row) // n_threads + 4096
-    scratch = [pa.allocate_buffer(guess, resizable=True) for _ in range(n_threads)]
+    # Scratch from Arrow's pool (which reuses freed pages). The first thread's scratch is sized
+    # for the whole output and becomes it: the other threads' parts are copied after its own.
+    guess = sum(a.nbytes for a in arrays) + 8 * row + 4096
+    scratch = [pa.allocate_buffer(guess, resizable=True)]
+    scratch += [pa.allocate_buffer(guess // n_threads + 4096) for _ in range(n_threads - 1)]
     data, offsets, large, size, error = native.encode(
         plan.native, capsules, scratch, pa.allocate_buffer
     )
