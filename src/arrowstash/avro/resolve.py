@@ -55,8 +55,6 @@ _PROMOTIONS = {
     "string": ("bytes",),
     "bytes": ("string",),
 }
-_RAW = {"int": pa.int32(), "long": pa.int64(), "float": pa.float32(), "double": pa.float64(),
-        "string": pa.string(), "bytes": pa.binary(), "boolean": pa.bool_(), "null": pa.null()}
 #: Logical types whose Arrow arrays are their underlying ints, viewed with another type.
 _TEMPORAL = {"date", "time-millis", "time-micros", "timestamp-millis", "timestamp-micros",
              "timestamp-nanos", "local-timestamp-millis", "local-timestamp-micros",
@@ -272,15 +270,20 @@ def _primitive(arr: pa.Array, w: Primitive, r: Primitive, path: str) -> pa.Array
         return arr
     if not _plain_or_temporal(w) or not _plain_or_temporal(r):
         return _same_logical(arr, w, r, path)
-    raw = arr.view(_RAW[w.type]) if w.logical_type else arr
+    raw = arr.view(_raw(w.type)) if w.logical_type else arr
     if w.type != r.type:
         try:
             # long -> float may round, as in Avro; bytes -> string checks UTF-8.
-            raw = raw.cast(_RAW[r.type], safe=r.type == "string")
+            raw = raw.cast(_raw(r.type), safe=r.type == "string")
         except pa.ArrowInvalid as exc:  # bytes that are not UTF-8 read as string
             raise AvroDecodeError(f"{path}: writer bytes are not valid UTF-8 for the "
                                   f"reader's string: {exc}") from None
     return raw.view(target) if r.logical_type else raw
+
+
+def _raw(kind: str) -> pa.DataType:
+    """The Arrow type of a primitive without its logical type."""
+    return arrow_type(Primitive(kind))
 
 
 def _plain_or_temporal(t: Primitive) -> bool:
