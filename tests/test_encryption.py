@@ -15,6 +15,8 @@ import logging
 import os
 import pickle
 import struct
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -569,3 +571,19 @@ def test_memcached_and_async_round_trips(memcached_backend: Any) -> None:
 
     assert asyncio.run(twice()) == [{"n": 2, "who": MARKER}] * 2
     assert runs == [1, 2]
+
+
+def test_cryptography_is_imported_only_when_encrypting(
+    file_backend: FileBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code = ("import sys, arrowstash\n"
+            "@arrowstash.cache(backend=None)\n"
+            "def f(): return 1\n"
+            "f()\n"
+            "print('cryptography' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, timeout=60)
+    assert done.stdout.strip() == "False"
+    monkeypatch.setitem(sys.modules, "cryptography.hazmat.primitives.ciphers.aead", None)
+    with pytest.raises(ImportError, match=r"pip install 'arrowstash\[encrypt\]'"):
+        make(file_backend, {}, [], encryption_key=KEY_A)
