@@ -587,3 +587,23 @@ def test_cryptography_is_imported_only_when_encrypting(
     monkeypatch.setitem(sys.modules, "cryptography.hazmat.primitives.ciphers.aead", None)
     with pytest.raises(ImportError, match=r"pip install 'arrowstash\[encrypt\]'"):
         make(file_backend, {}, [], encryption_key=KEY_A)
+
+
+def test_async_on_redis_reads_and_writes_encrypted(store: RawStore) -> None:
+    """On Redis the async shell awaits redis.asyncio directly; entries stay encrypted."""
+    import asyncio
+
+    runs: list[int] = []
+
+    @cache(backend=store.backend, l1=False, namespace="enc", encryption_key=KEY_A)
+    async def later(n: int) -> dict[str, Any]:
+        runs.append(n)
+        return {"n": n, "who": MARKER}
+
+    async def twice() -> list[dict[str, Any]]:
+        return [await later(3), await later(3)]
+
+    assert asyncio.run(twice()) == [{"n": 3, "who": MARKER}] * 2 and runs == [3]
+    data = store.read(later.cache_key(3))
+    assert MARKER.encode() not in data
+    assert parse_entry(data, check_sections=False).header.flags & FLAG_ENCRYPTED
