@@ -219,3 +219,33 @@ def test_environment_switch_forces_the_python_decoder() -> None:
                          check=True, timeout=60)
     assert out.stdout.strip() == "False"
     assert codec.native_available()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_invalid_utf8_found_in_every_string_position(threads: int) -> None:
+    """Strings are checked after each range and the range decoded again string by string when
+    one is bad: nullable strings, array items, map keys and values, union branches included."""
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "n", "type": ["null", "string"]},
+        {"name": "a", "type": {"type": "array", "items": "string"}},
+        {"name": "m", "type": {"type": "map", "values": "string"}},
+        {"name": "u", "type": ["int", "string", "null"]},
+        {"name": "r", "type": ["null", {"type": "record", "name": "In", "fields": [
+            {"name": "s", "type": "string"}]}]}]}
+    good = {"n": "é", "a": ["x"], "m": {"k": "v"}, "u": "w", "r": {"s": "z"}}
+    ok = write(schema, [good])[0]
+    bad_bytes = b"\xc3\x28"
+    variants = [ok.replace(s.encode(), bad_bytes) for s in ("é",)]
+    for text in ("x", "k", "v", "w", "z"):  # each a one-character string: length byte 0x02
+        i = ok.index(text.encode(), 3)
+        assert ok[i - 1] == 2
+        variants.append(ok[: i - 1] + b"\x04" + bad_bytes + ok[i + 1 :])
+    for bad in variants:
+        messages = [ok] * 3000 + [bad] + [ok] * 50
+        native, python = both(messages, schema, threads=threads)
+        assert isinstance(python, str) and "invalid UTF-8" in python, python
+        assert native == python
+        unchecked = [decode_messages(messages, parse_schema(schema), threads=threads,
+                                     validate_utf8=False, native=native)[0]
+                     for native in (True, False)]
+        assert unchecked[0].equals(unchecked[1])  # the bytes kept as they are, by both

@@ -443,7 +443,8 @@ static const uint8_t *d_dec_bytes(Ctx *c, const Node *n, Col *col, const uint8_t
 static inline __attribute__((always_inline)) const uint8_t *dec_leaf_or_call(
     Ctx *c, const Node *n, Col *col, const uint8_t *p) {
     switch (n->kind) {
-    case K_STRING: case K_BYTES: return d_bytes(c, n, col, p);
+    case K_STRING: return d_string(c, n, col, p);
+    case K_BYTES: return d_bytes(c, n, col, p);
     case K_INT: return d_int(c, n, col, p);
     case K_LONG: return d_long(c, n, col, p);
     case K_BOOL: return d_bool(c, n, col, p);
