@@ -142,6 +142,41 @@ def test_a_column_larger_than_a_batch_is_sliced_and_packed_per_slice() -> None:
     _assert_same(_decode(entry), table)
 
 
+def test_columns_sliced_on_write_come_back_whole_without_a_join() -> None:
+    """Number columns larger than a batch are written in slices; a hit widens the slices
+    straight into one buffer per column, which the pandas result views (no join, no copy)."""
+    n = 300_000
+    rng = np.random.default_rng(5)
+    df = pd.DataFrame({"id": np.arange(n) % 1000,  # packed as int16
+                       "x": rng.standard_normal(n),  # written as it is
+                       "half": np.arange(n) / 2.0,  # packed as float32
+                       "u": (np.arange(n) % 200).astype(np.uint32)})
+    entry = _entry(df, batch_bytes=256 << 10)
+    streams = [pa.ipc.open_stream(pa.py_buffer(s)).read_all() for s in entry.sections[1:]]
+    assert [t.column(0).num_chunks > 1 for t in streams] == [True] * 4
+
+    table = _decode(entry, "arrow")
+    assert [c.num_chunks for c in table.columns] == [1, 1, 1, 1]
+    del table
+    before = pa.total_allocated_bytes()
+    hit = _decode(entry, "pandas")
+    held = pa.total_allocated_bytes() - before
+    tm.assert_frame_equal(hit, df, check_exact=True)
+    sizes = 0
+    for name in df.columns:
+        values = hit[name].array._ndarray
+        assert values.flags.writeable, name
+        root = values.base
+        while isinstance(root, np.ndarray):
+            root = root.base
+        assert isinstance(root, pa.Buffer) and root.size == values.nbytes, name
+        sizes += values.nbytes
+    # the hit holds its columns' buffers and nothing else: no slice or joined copy stays
+    assert sizes <= held <= sizes + (64 << 10)
+    hit.loc[0, "x"] = 1e300
+    assert _decode(entry, "pandas")["x"].iloc[0] == df["x"].iloc[0]
+
+
 def test_small_tables_are_not_packed() -> None:
     table = pa.table({"x": np.arange(100)})
     assert table.nbytes < MIN_TABLE_BYTES

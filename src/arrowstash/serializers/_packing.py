@@ -144,5 +144,33 @@ def _encode(values: Any) -> pa.DictionaryArray:
 
 
 def unpack(column: pa.ChunkedArray, t: pa.DataType) -> pa.ChunkedArray:
-    """A packed column back in its stored type ``t`` (unchanged if it is already)."""
+    """A packed column back in its stored type ``t`` (unchanged if it is already). A number
+    column read in several slices (a column larger than a batch) comes back as one chunk: its
+    slices are widened straight into one buffer, so a hit never joins them again."""
+    if column.num_chunks > 1 and not column.null_count and _widens(column.type, t):
+        return pa.chunked_array([_joined(column, t)])
     return column if column.type == t else column.cast(t)
+
+
+def _widens(packed: pa.DataType, t: pa.DataType) -> bool:
+    """Is ``packed`` -> ``t`` an exact NumPy cast (the same type, or a wider one of its kind)?
+    Anything else (a foreign entry's types) goes through Arrow's checked cast."""
+    same_kind = (pa.types.is_floating(packed) and pa.types.is_floating(t)) or (
+        pa.types.is_integer(packed) and pa.types.is_integer(t)
+        and pa.types.is_signed_integer(packed) == pa.types.is_signed_integer(t))
+    return bool(same_kind) and packed.bit_width <= t.bit_width
+
+
+def _joined(column: pa.ChunkedArray, t: pa.DataType) -> pa.Array:
+    """The chunks of a column without nulls, written (and widened to ``t``: an exact NumPy cast)
+    into one buffer Arrow allocates, which the result owns."""
+    import numpy as np
+
+    width = t.bit_width // 8
+    buffer = pa.allocate_buffer(len(column) * width)
+    out = np.frombuffer(buffer, np.dtype(t.to_pandas_dtype()))
+    start = 0
+    for chunk in column.chunks:
+        out[start : start + len(chunk)] = chunk.to_numpy(zero_copy_only=True)
+        start += len(chunk)
+    return pa.Array.from_buffers(t, len(column), [None, buffer])
