@@ -7,7 +7,7 @@ Packing (see _packing) and compressing a group is independent of the others, so 
 Groups are handed out at most ``AHEAD`` at a time and only running tasks hold packed columns,
 which bounds the memory a store needs beyond the frame. A column larger than ``batch_bytes``
 is a group of its own, streamed in slices by the writer (Arrow compresses each slice's buffers
-in parallel).
+in parallel); a hit widens a number column's slices into one buffer (see _packing.unpack).
 """
 
 from __future__ import annotations
