@@ -3,7 +3,6 @@ on random bytes, the GIL released while it runs, threads giving the same result 
 
 from __future__ import annotations
 
-import io
 import os
 import subprocess
 import sys
@@ -11,13 +10,12 @@ import threading
 import time
 from typing import Any
 
-import fastavro
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _avro_strategies import avro_schemas, values_for
+from _avro_strategies import schema_and_records, write
 from arrowstash import AvroDecodeError
 from arrowstash.avro import codec, decode_blocks, parse_schema
 from arrowstash.avro.codec import decode_messages
@@ -25,16 +23,6 @@ from arrowstash.avro.codec import decode_messages
 pytestmark = pytest.mark.skipif(
     codec._cdecode is None, reason="the native Avro decoder is not built (no C compiler)"
 )
-
-
-def write(schema: Any, records: list[Any]) -> list[bytes]:
-    parsed = fastavro.parse_schema(schema)
-    out = []
-    for r in records:
-        buf = io.BytesIO()
-        fastavro.schemaless_writer(buf, parsed, r)
-        out.append(buf.getvalue())
-    return out
 
 
 def both(messages: Any, schema: Any, **kw: Any) -> tuple[Any, Any]:
@@ -72,17 +60,6 @@ def _nan_free(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _nan_free(v) for k, v in value.items()}
     return value
-
-
-@st.composite
-def schema_and_records(draw: st.DrawFn, max_size: int = 6) -> tuple[dict[str, Any], list[Any]]:
-    schema = draw(avro_schemas())
-    records = draw(st.lists(values_for(parse_schema(schema).root), max_size=max_size))
-    try:  # fastavro tries union branches in turn; some raise instead of declining a value
-        write(schema, records)
-    except (ValueError, TypeError):
-        assume(False)
-    return schema, records
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
