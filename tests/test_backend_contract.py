@@ -233,6 +233,26 @@ def test_from_url(tmp_path: Path) -> None:
     assert isinstance(from_url("memory://"), MemoryBackend)
 
 
+def test_from_url_encrypt_option(tmp_path: Path) -> None:
+    assert from_url(f"file://{tmp_path}/a?encrypt=1").encrypt is True
+    assert from_url(f"file://{tmp_path}/a?encrypt=off").encrypt is False
+    assert from_url(f"file://{tmp_path}/a").encrypt is False
+    # a bare path is a path, whatever it holds
+    odd = from_url(f"{tmp_path}/b?encrypt=1")
+    assert isinstance(odd, FileBackend) and odd.directory.name == "b?encrypt=1"
+    assert odd.encrypt is False
+
+
+@pytest.mark.parametrize("url, message", [
+    ("file:///tmp/x?encrypt=maybe", "encrypt='maybe' is not one of"),
+    ("file:///tmp/x?encrypt=1&encrypt=0", "encrypt='1,0' is not one of"),
+    ("memory://?encrypt=1", "applies to file and network backends only"),
+])
+def test_from_url_refuses_bad_encrypt_options(url: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        from_url(url)
+
+
 @pytest.mark.parametrize("url", ["file://", "nope://x", "ftp://host/path"])
 def test_from_url_refuses(url: str) -> None:
     with pytest.raises(ValueError):

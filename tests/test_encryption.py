@@ -29,6 +29,7 @@ import pytest
 import xxhash
 
 from arrowstash import FileBackend, Key, cache
+from arrowstash._core import DEFAULT
 from arrowstash.crypto import CHUNK, Keyring, key_id
 from arrowstash.entry import ALIGN, FLAG_COMPRESSED, FLAG_ENCRYPTED, HEADER, parse_entry
 
@@ -308,6 +309,29 @@ def test_backend_level_encryption(cache_dir: Path, monkeypatch: pytest.MonkeyPat
     assert make(backend, {1: MARKER}, runs, encryption_key=KEY_B)(1) == MARKER
     assert take_apart(data := Path(backend.path(fetch.cache_key(1))).read_bytes())
     assert take_apart(data).trailer["enc"]["kid"] == key_id(KEY_B)
+
+
+@pytest.mark.parametrize("kind", ["file", "redis"])
+def test_arrowstash_url_switches_encryption_on(kind: str, cache_dir: Path,
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               request: pytest.FixtureRequest) -> None:
+    if kind == "file":
+        url = f"file://{cache_dir}?encrypt=1"
+    else:
+        url = f"{request.getfixturevalue('redis_server').url}?encrypt=true&socket_keepalive=1"
+    monkeypatch.setenv("ARROWSTASH_URL", url)
+    with pytest.raises(ValueError, match="set ARROWSTASH_KEY"):
+        make(DEFAULT, {}, [])
+    monkeypatch.setenv("ARROWSTASH_KEY", B64[KEY_A])
+    runs: list[int] = []
+    fetch = make(DEFAULT, {1: MARKER}, runs)
+    assert fetch(1) == MARKER and fetch(1) == MARKER and runs == [1]
+    store = RawStore(fetch._core.backend, None if kind == "file" else url.split("?")[0])
+    data = store.read(fetch.cache_key(1))
+    assert parse_entry(data, check_sections=False).header.flags & FLAG_ENCRYPTED
+    assert MARKER.encode() not in data
+    fetch.cache_clear()
+    store.close()
 
 
 def test_plaintext_and_ciphertext_do_not_mix(store: RawStore,

@@ -1,6 +1,7 @@
 """The one place where arrowstash reads its environment.
 
-- ``ARROWSTASH_URL``: the default backend (``file:///path``, ``memory://``, ...).
+- ``ARROWSTASH_URL``: the default backend (``file:///path``, ``memory://``, ...); ``?encrypt=1``
+  on a file or network URL makes it encrypt every entry.
 - ``ARROWSTASH_ARROW_COMPRESSION``: "zstd", "lz4" or "none", overriding the per-backend default
   compression of frames.
 - ``ARROWSTASH_SECRET``: the key that signs pickled entries (see the buffers serializer).
