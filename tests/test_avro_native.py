@@ -243,3 +243,24 @@ def test_invalid_utf8_found_in_every_string_position(threads: int) -> None:
                                      validate_utf8=False, native=native)[0]
                      for native in (True, False)]
         assert unchecked[0].equals(unchecked[1])  # the bytes kept as they are, by both
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_reused_output_memory_never_changes_a_held_batch(threads: int) -> None:
+    """Output blocks of 64 KiB and more are kept for the next calls once Arrow releases them:
+    a batch still held keeps its values while later calls decode into released blocks."""
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "s", "type": "string"}, {"name": "a", "type": {"type": "array", "items": "long"}}]}
+    parsed = parse_schema(schema)
+
+    def messages(tag: str) -> list[bytes]:
+        return write(schema, [{"s": f"{tag}{i}" * 3, "a": [i, -i]} for i in range(20_000)])
+
+    first, second = messages("a"), messages("b")
+    held, _ = decode_messages(first, parsed, threads=threads, native=True)
+    expected = held.to_pylist()
+    for _ in range(3):  # each result dropped at once: its blocks go back for the next call
+        again, _ = decode_messages(second, parsed, threads=threads, native=True)
+        assert again.equals(decode_messages(second, parsed, native=False)[0])
+        del again
+    assert held.to_pylist() == expected
