@@ -200,6 +200,8 @@ def test_round_trip_leaves_no_plaintext_in_the_store(store: RawStore, kind: str)
     assert parse_entry(data, check_sections=False).header.flags & FLAG_ENCRYPTED
     assert MARKER.encode() not in data
     assert take_apart(data).trailer["meta"] is None  # the serializer's metadata is sealed too
+    assert [row[2] for row in take_apart(data).trailer["sec"]] == [None] * len(
+        take_apart(data).trailer["sec"])  # GCM tags check sealed bytes: no xxh3 is computed
     # the frame's metadata (column labels...) is sealed as section 0; the others have none
     assert take_apart(data).trailer["enc"] == {"kid": key_id(KEY_A), "meta": kind == "frame"}
 

@@ -165,8 +165,9 @@ def test_in_memory_sections() -> None:
 
 
 class _FileSink:
-    def __init__(self, f: Any) -> None:
+    def __init__(self, f: Any, unhashed_from: int | None = None) -> None:
         self.f = f
+        self.unhashed_from = unhashed_from
 
     def write(self, data: Any) -> None:
         self.f.write(data)
@@ -176,6 +177,44 @@ class _FileSink:
         self.f.seek(offset)
         self.f.write(data)
         self.f.seek(here)
+
+
+def test_sections_past_the_sinks_unhashed_mark_carry_no_digest(tmp_path: Path) -> None:
+    """A sink read back through an unchecked map (the File backend's large entries) is spared
+    hashing from the write that makes the entry reach its mark; earlier sections keep theirs."""
+    path = tmp_path / "entry.bin"
+    big = bytes(range(256)) * 4
+    with open(path, "wb") as f:
+        write_entry(_FileSink(f, unhashed_from=512), KEY, _encoded(b"small", big, b"tail"),
+                    created=CREATED, expires=EXPIRES)
+    data = bytearray(path.read_bytes())
+    table = _section_table(data)
+    assert table[0][2] == xxhash.xxh3_64_intdigest(b"small")
+    assert table[1][2] is None and table[2][2] is None
+    assert [bytes(s) for s in parse_entry(data).sections] == [b"small", big, b"tail"]
+    data[table[0][0]] ^= 1  # a hashed section is still checked
+    with pytest.raises(CorruptEntryError, match="section 0 checksum mismatch"):
+        parse_entry(data)
+
+
+def _with_trailer(buf: bytearray, trailer: dict[str, Any]) -> bytearray:
+    """``buf`` with another trailer, its size and checksum fixed as docs/format.md defines."""
+    packed = msgpack.packb(trailer, use_bin_type=True)
+    forged = bytearray(buf[:read_header(buf).trailer_at]) + packed
+    struct.pack_into("<Q", forged, 16, len(forged))  # total
+    checksum = xxhash.xxh3_64(bytes(forged[:48]) + bytes(forged[56:64]) + packed).intdigest()
+    struct.pack_into("<Q", forged, 48, checksum)
+    return forged
+
+
+def test_a_digest_is_an_int_or_nil() -> None:
+    buf, sections = _small_entry()
+    trailer = msgpack.unpackb(bytes(buf[read_header(buf).trailer_at:]), raw=False)
+    trailer["sec"][1][2] = "0"
+    with pytest.raises(CorruptEntryError, match="section 1 is described wrongly"):
+        parse_entry(_with_trailer(buf, trailer))
+    trailer["sec"][1][2] = None  # not hashed
+    assert [bytes(s) for s in parse_entry(_with_trailer(buf, trailer)).sections] == sections
 
 
 def test_write_entry_into_a_file_sink(tmp_path: Path) -> None:

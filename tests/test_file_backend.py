@@ -246,6 +246,27 @@ def test_large_entries_are_mapped_privately(tmp_path: Path) -> None:
     assert small_stored is not None and not small_stored.mapped
 
 
+def test_entries_read_through_a_map_are_not_hashed(tmp_path: Path) -> None:
+    """Mapped reads never check section digests, so the writer skips them (hashing costs about
+    as much as writing); a small entry keeps them, and a reader that reads in checks those."""
+    backend = FileBackend(tmp_path / "c", mmap_threshold=4096)
+    big, small = _key(1), _key(2)
+    _put(backend, big, bytes(range(256)) * 64)
+    _put(backend, small, b"tiny")
+    assert [row[2] for row in _parsed(backend, big).trailer.sections] == [None]
+    (digest,) = [row[2] for row in _parsed(backend, small).trailer.sections]
+    assert isinstance(digest, int)
+    reads_in = FileBackend(tmp_path / "c", mmap_threshold=1 << 20)
+    stored = reads_in.get(big)
+    assert stored is not None and not stored.mapped
+    entry = parse_entry(stored.data)  # checks what it can: header, trailer, bounds
+    assert SER.decode(entry.meta, entry.sections) == bytes(range(256)) * 64
+
+
+def _parsed(backend: FileBackend, key: Key) -> Any:
+    return parse_entry(Path(backend.path(key)).read_bytes())
+
+
 def test_map_survives_the_file_being_replaced(tmp_path: Path) -> None:
     backend = FileBackend(tmp_path / "c", mmap_threshold=4096)
     key = _key(1)

@@ -44,6 +44,11 @@ _MAC_CONTEXT = b"arrowstash entry v1\0"
 class Sink(Protocol):
     """Where an entry's bytes go: a temporary file, a bytearray for a wire backend."""
 
+    @property
+    def unhashed_from(self) -> int | None:
+        """Entries this large are read back through a memory map whose sections are never
+        hashed (see parse_entry), so sections written past it are not hashed; None: hash all."""
+
     def write(self, data: Any, /) -> Any: ...
 
     def patch(self, offset: int, data: bytes) -> None:
@@ -105,7 +110,7 @@ class Trailer(NamedTuple):
     key: Key
     serializer: str
     meta: Any
-    sections: list[list[int]]  # offset, length, xxh3-64
+    sections: list[list[Any]]  # offset, length, xxh3-64 (None: not hashed)
     tag: bytes | None  # HMAC-SHA256 of a signed entry
     enc: dict[str, Any] | None = None  # how an encrypted entry was sealed: {"kid": key id}
 
@@ -151,13 +156,16 @@ def _signer(secret: bytes, key: Key, serializer: str, created: float, expires: f
 
 
 class _EntryWriter:
-    def __init__(self, sink: Sink, mac: Any) -> None:
+    def __init__(self, sink: Sink, mac: Any, hashing: bool) -> None:
         self._sink = sink
         sink.write(_PAD)  # room for the header, patched when the sizes are known
         self._offset = ALIGN
         self._section_start = ALIGN
         self._hasher = xxhash.xxh3_64()
         self._mac = mac
+        # Hashing a 1 GB array costs about as much as writing it; skip it where no reader checks.
+        self._hashing = hashing
+        self._unhashed_from = sink.unhashed_from
 
     def tell(self) -> int:
         return self._offset
@@ -166,7 +174,11 @@ class _EntryWriter:
         view = memoryview(data)
         if view.ndim != 1 or view.itemsize != 1:
             view = view.cast("B")
-        if view.nbytes >= _HASH_ASIDE:
+        if self._unhashed_from is not None and self._offset + view.nbytes >= self._unhashed_from:
+            self._hashing = False
+        if not self._hashing and self._mac is None:
+            self._sink.write(view)
+        elif view.nbytes >= _HASH_ASIDE:
             # xxhash and hmac release the GIL: hash on the other core while the sink copies the
             # bytes out (a write to the page cache costs about as much as the hash).
             hashing = threading.Thread(target=self._digest, args=(view,), name="arrowstash-hash")
@@ -182,7 +194,8 @@ class _EntryWriter:
         return view.nbytes
 
     def _digest(self, view: memoryview) -> None:
-        self._hasher.update(view)
+        if self._hashing:
+            self._hasher.update(view)
         if self._mac is not None:
             self._mac.update(view)
 
@@ -195,7 +208,7 @@ class _EntryWriter:
             self._sink.write(_PAD[:gap])
             self._offset += gap
 
-    def section(self, source: Any, sealer: Sealer | None = None, index: int = 0) -> list[int]:
+    def section(self, source: Any, sealer: Sealer | None = None, index: int = 0) -> list[Any]:
         self.pad()
         self._section_start = self._offset
         self._hasher.reset()
@@ -213,7 +226,7 @@ class _EntryWriter:
         length = self._offset - self._section_start
         if self._mac is not None:
             self._mac.update(struct.pack("<Q", length))
-        return [self._section_start, length, self._hasher.intdigest()]
+        return [self._section_start, length, self._hasher.intdigest() if self._hashing else None]
 
 
 def write_entry(
@@ -235,7 +248,7 @@ def write_entry(
         )
     secret = encoded.sign_with if sealer is None else None  # encryption authenticates already
     mac = _signer(secret, key, encoded.serializer, created, expires) if secret else None
-    writer = _EntryWriter(sink, mac)
+    writer = _EntryWriter(sink, mac, hashing=sealer is None)  # GCM tags check sealed bytes
     table = [writer.section(s, sealer, i) for i, s in enumerate(sections)]
     fields = {
         "key": key.digest,
@@ -315,6 +328,8 @@ def _checksum(header: bytes | memoryview, trailer: bytes | memoryview) -> int:
 
 class BytesSink:
     """Collects an entry in one buffer, for backends that store whole values."""
+
+    unhashed_from = None  # read back whole and checked
 
     def __init__(self) -> None:
         self.buffer = bytearray()
@@ -405,7 +420,7 @@ def read_trailer(header_bytes: Any, header: Header, trailer: Any) -> Trailer:
     end = header.trailer_at
     for index, row in enumerate(table):
         if type(row) is not list or len(row) != 3 or type(row[0]) is not int \
-                or type(row[1]) is not int or type(row[2]) is not int:
+                or type(row[1]) is not int or (type(row[2]) is not int and row[2] is not None):
             raise CorruptEntryError(f"section {index} is described wrongly")
         offset, length = row[0], row[1]
         if offset % ALIGN or offset < ALIGN or length < 0 or offset + length > end:
@@ -442,7 +457,7 @@ def parse_entry(
     sections = []
     for index, (offset, length, digest) in enumerate(trailer.sections):
         section = view[offset : offset + length]
-        if check_sections and xxhash.xxh3_64_intdigest(section) != digest:
+        if check_sections and digest is not None and xxhash.xxh3_64_intdigest(section) != digest:
             raise CorruptEntryError(f"section {index} checksum mismatch")
         sections.append(section)
     # tuple.__new__ skips the NamedTuple's Python-level __new__: this is on every hit's path

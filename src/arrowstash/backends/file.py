@@ -44,8 +44,9 @@ def _folder_name(name: str) -> str:
 
 
 class _FileSink:
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, unhashed_from: int) -> None:
         self._fd = fd
+        self.unhashed_from = unhashed_from
 
     def write(self, data: Any) -> None:
         view = memoryview(data)
@@ -161,7 +162,8 @@ class FileBackend:
         try:
             try:
                 planned = _reserve(fd, encoded)
-                size = write_entry(_FileSink(fd), key, encoded, created=created, expires=expires)
+                sink = _FileSink(fd, self.mmap_threshold)
+                size = write_entry(sink, key, encoded, created=created, expires=expires)
                 if planned:
                     os.ftruncate(fd, size)  # in case the reservation outgrew the entry
                 if self.durable:
