@@ -278,3 +278,24 @@ def test_groups_read_in_the_workers_from_several_threads_at_once(tmp_path: Path)
         tm.assert_frame_equal(hit, original, check_exact=True)
     entry_meta = _entry(original, batch_bytes=100_000).meta
     assert entry_meta["packed"] and len(entry_meta["groups"]) >= 4
+
+
+def test_each_group_is_packed_and_compressed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writing a group hands the next ones to the workers, never again the ones written (they
+    would be compressed a second time, in the background, after the store returned)."""
+    from arrowstash.serializers import _groups
+
+    calls: list[list[str]] = []
+    real = _groups._pack_and_compress
+
+    def counted(part: pa.Table, *args: Any) -> list[Any]:
+        calls.append(part.column_names)
+        return real(part, *args)
+
+    monkeypatch.setattr(_groups, "_pack_and_compress", counted)
+    table = pa.table({f"c{k}": np.arange(ROWS) % (k + 2) for k in range(12)})
+    entry = _entry(table, batch_bytes=1_000_000)  # groups of three 320 KB columns
+    groups = entry.meta["groups"]
+    assert len(groups) >= 4
+    assert sorted(calls) == sorted([f"c{k}" for k in group] for group in groups)
+    _assert_same(_decode(entry), table)

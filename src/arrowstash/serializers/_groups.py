@@ -74,11 +74,14 @@ def group_sections(table: pa.Table, groups: list[list[int]], batch_bytes: int,
     # in the workers, one thread per group; with one group, Arrow's threads per buffer
     own = pa.ipc.IpcWriteOptions(compression=codec, use_threads=sum(whole) < 2)
     futures: dict[int, Future[list[Any]]] = {}
+    submitted = 0  # groups before this one were handed out (a written group's future is gone)
 
     def start(upto: int) -> None:
-        for k in range(min(upto, len(parts))):
-            if whole[k] and k not in futures:
+        nonlocal submitted
+        for k in range(submitted, min(upto, len(parts))):
+            if whole[k]:
                 futures[k] = _workers().submit(_pack_and_compress, parts[k], codec, own)
+        submitted = max(submitted, min(upto, len(parts)))
 
     def section(k: int) -> Section:
         def write(sink: Any) -> None:
