@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import sys
 import zlib
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from arrowstash.avro import parse_schema
 from arrowstash.avro.ocf import header_of, read_ocf, write_ocf
@@ -207,3 +210,114 @@ def test_the_package_exports_every_name_it_lists() -> None:
     for name in avro.__all__:
         assert getattr(avro, name) is not None, name
     assert avro.read_ocf is read_ocf and avro.write_ocf is write_ocf
+
+
+# -- compressed files: one run of blocks per thread, ISA-L or zlib inflate ------------------------
+
+@pytest.mark.parametrize("codec", ["deflate", "snappy", "bzip2"])
+@pytest.mark.parametrize("threads", [2, 3, 7])
+def test_runs_of_blocks_read_like_one_thread(tmp_path: Path, codec: str, threads: int) -> None:
+    path = _fastavro_file(tmp_path / "f.avro", codec, block=37)  # 55 blocks of uneven size
+    table = read_ocf(path, threads=threads)
+    assert _rows(table) == RECORDS
+    assert table.num_rows == read_ocf(path, threads=1).num_rows
+    assert 1 < len(table.to_batches()) <= threads  # one batch per run
+    picked = read_ocf(path, threads=threads, columns=["kind", "station"])
+    assert picked.column_names == ["kind", "station"] and picked.num_rows == len(RECORDS)
+
+
+def test_runs_split_blocks_in_order_by_compressed_bytes() -> None:
+    from arrowstash.avro.ocf import _Block, _runs
+
+    blocks = [_Block(i, 0, 1, memoryview(b"x" * size)) for i, size in
+              enumerate([5, 1, 1, 1, 9, 2, 2, 2, 2, 1])]
+    for n in range(1, 12):
+        runs = _runs(blocks, n)
+        assert [b.index for run in runs for b in run] == list(range(len(blocks)))
+        assert 1 <= len(runs) <= n and all(runs)
+    assert [len(run) for run in _runs(blocks, 2)] == [5, 5]  # 17 and 9 of 26 bytes
+
+
+def _deflated_file(path: Path, corrupt: dict[int, bytes]) -> bytes:
+    """``path``'s (uncompressed) blocks deflated again, block i's payload starting with
+    ``corrupt[i]`` instead of its own first bytes."""
+    from arrowstash.avro.ocf import _blocks, _header_bytes, _long, read_header
+
+    data = memoryview(path.read_bytes())
+    header = read_header(data)
+    blocks, _ = _blocks(data, header)
+    out = _header_bytes({**header.metadata, "avro.codec": b"deflate"}, header.sync)
+    for block in blocks:
+        payload = bytes(block.data)
+        payload = corrupt.get(block.index, b"") + payload[len(corrupt.get(block.index, b"")):]
+        squeeze = zlib.compressobj(6, zlib.DEFLATED, -15)
+        body = squeeze.compress(payload) + squeeze.flush()
+        out += _long(block.count) + _long(len(body)) + body + header.sync
+    return out
+
+
+def test_a_bad_block_in_a_later_run_is_reported_by_its_file_index(tmp_path: Path) -> None:
+    path = _fastavro_file(tmp_path / "d.avro", "null", block=37)
+    assert _rows(read_ocf(_deflated_file(path, {}), threads=2)) == RECORDS
+    data = bytearray(_deflated_file(path, {}))
+    header = header_of(bytes(data))
+    from arrowstash.avro.ocf import _blocks
+
+    block = _blocks(memoryview(bytes(data)), header)[0][40]
+    data[block.offset + 3] = 0xFF  # past its two varints: a reserved deflate block type
+    with pytest.raises(AvroDecodeError, match=r"^block 40 at byte \d+: cannot deflate-decompress"):
+        read_ocf(bytes(data), threads=2)
+
+
+def test_a_bad_datum_in_a_later_run_names_its_file_block(tmp_path: Path) -> None:
+    path = _fastavro_file(tmp_path / "n.avro", "null", block=37)
+    data = _deflated_file(path, {40: b"\x7f"})  # the first station's length: -64
+    with pytest.raises(AvroDecodeError,
+                       match=r"^block 40, datum 0 .*\(block 40 starts at byte \d+ "):
+        read_ocf(data, threads=2)
+
+
+def _zlib_inflate(data: bytes) -> bytes | str:
+    try:
+        return zlib.decompress(data, -15)
+    except zlib.error:
+        return "error"
+
+
+@settings(max_examples=300, deadline=None)
+@given(payload=st.binary(max_size=3000) | st.text(max_size=500).map(str.encode),
+       level=st.integers(0, 9), flips=st.lists(st.tuples(st.integers(0), st.integers(0, 255)),
+                                               max_size=3))
+def test_isal_inflates_exactly_like_zlib(payload: bytes, level: int,
+                                         flips: list[tuple[int, int]]) -> None:
+    """Same bytes out for every stream, and a corrupt stream refused by both or by neither."""
+    pytest.importorskip("isal")
+    from arrowstash.avro.ocf import _Corrupt, _inflate
+
+    squeeze = zlib.compressobj(level, zlib.DEFLATED, -15)
+    stream = bytearray(squeeze.compress(payload) + squeeze.flush())
+    for at, value in flips:
+        stream[at % len(stream)] = value
+    expected = _zlib_inflate(bytes(stream))
+    try:
+        got: bytes | str = _inflate(memoryview(bytes(stream)))
+    except _Corrupt:
+        got = "error"
+    assert got == expected
+    if not flips:
+        assert got == payload
+
+
+def test_deflate_reads_with_zlib_when_isal_is_not_installed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from arrowstash.avro import ocf
+
+    path = _fastavro_file(tmp_path / "d.avro", "deflate", block=37)
+    monkeypatch.setitem(sys.modules, "isal", None)  # what an absent package looks like to import
+    ocf._inflater.cache_clear()
+    try:
+        assert ocf._inflater()[1] == (zlib.error,)
+        assert _rows(read_ocf(path, threads=2)) == RECORDS
+        assert _rows(read_ocf(path, threads=1)) == RECORDS
+    finally:
+        ocf._inflater.cache_clear()
