@@ -226,3 +226,31 @@ def test_info_shows_the_server_counters(
         assert int(counters["items"]) >= 2
     f.cache_clear()
     backend.close()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("kind", ["file", pytest.param("redis", marks=pytest.mark.redis),
+                                  pytest.param("memcached", marks=pytest.mark.memcached)])
+def test_bench_times_each_value_and_leaves_nothing_behind(
+    kind: str, folder: Path, request: pytest.FixtureRequest,
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    from arrowstash import backends
+
+    server = None if kind == "file" else request.getfixturevalue(f"{kind}_factory")()
+    url = f"file://{folder}" if server is None else server.url
+    before = [e.key for e in backends.from_url(url).entries()]
+    code, out, _ = _run(capsys, "bench", url, "--rows", "5000", "--mib", "2", "--repeats", "2")
+    assert code == 0, out
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[3:] if line.strip()}
+    assert set(rows) == {"small", "frame", "array"}
+    serializers = {"small": "standard", "frame": "arrow", "array": "arrays"}
+    for name, fields in rows.items():
+        assert fields[-1] == "True"  # every hit gave the value back
+        if kind != "memcached":  # memcached cannot list entries, so neither size nor serializer
+            assert fields[1] == serializers[name]
+    assert [e.key for e in backends.from_url(url).entries()] == before  # its namespace is gone
+
+
+def test_bench_refuses_bad_sizes(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "bench", "memory://", "--repeats", "0")
+    assert code == 2 and "--repeats, --rows and --mib must be positive" in err

@@ -1,4 +1,4 @@
-"""The ``arrowstash`` command: run the demo, and inspect or purge a cache."""
+"""The ``arrowstash`` command: run the demo, inspect or purge a cache, benchmark a backend."""
 
 from __future__ import annotations
 
@@ -132,6 +132,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run(args.dir)
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from arrowstash.bench import VALUES, run
+
+    if args.repeats < 1 or args.rows < 1 or args.mib < 1:
+        raise ValueError("--repeats, --rows and --mib must be positive")
+    return run(_backend(args.url), args.value or list(VALUES), args.rows, args.mib, args.repeats)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="arrowstash", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -153,6 +161,14 @@ def parser() -> argparse.ArgumentParser:
     which.add_argument("--namespace", help="every entry of a namespace")
     which.add_argument("--all", action="store_true", help="every arrowstash entry")
     purge.set_defaults(run=cmd_purge)
+    bench = sub.add_parser("bench", help="time stores and hits of typical values on a backend")
+    bench.add_argument("url", nargs="?", help=url_help)
+    bench.add_argument("--value", action="append", choices=("small", "frame", "array"),
+                       help="what to cache (repeatable; default: all three)")
+    bench.add_argument("--rows", type=int, default=1_000_000, help="rows of the frame")
+    bench.add_argument("--mib", type=int, default=256, help="size of the float64 array, MiB")
+    bench.add_argument("--repeats", type=int, default=5, help="stores per value (3 hits each)")
+    bench.set_defaults(run=cmd_bench)
     _avro_cli.register(sub)
     return p
 
