@@ -119,6 +119,17 @@ def test_l1_only_function_serves_stale_values_too() -> None:
     eventually(lambda: f(1)["run"] == 2)
 
 
+def test_the_fast_l1_index_is_left_empty() -> None:
+    """Functions with stale_ttl never take the fast L1 path, so they must not fill its index."""
+    body = Body()
+    f = cache(backend=None, ttl=60, stale_ttl=60)(plain(body))
+    assert f(1) == f(1)
+    assert f._core.l1.fast == {}  # type: ignore[attr-defined]
+    g = cache(backend=None, ttl=60)(plain(Body()))
+    g(1)
+    assert list(g._core.l1.fast) == [(1,)]  # type: ignore[attr-defined]
+
+
 def test_past_the_stale_spell_a_call_computes(file_backend: FileBackend) -> None:
     body = Body()
     body.gate.set()

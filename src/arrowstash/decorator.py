@@ -86,7 +86,7 @@ class CachedFunction:
         started = time.perf_counter()
         digest = core.keys(args, kwargs)
         value = self._resolve(digest, args, kwargs, started)
-        if not kwargs and core.l1 is not None:
+        if not kwargs and self._fast is not None and core.l1 is not None:
             core.l1.alias(args, digest)  # the next such call takes the fast path
         return value
 
