@@ -557,3 +557,19 @@ def test_plans_are_compiled_once_per_schema_and_input_type() -> None:
     assert encode(batch.slice(1), schema).to_pylist() == [b"\x04"]
     after = encoder_module._compiled.cache_info()
     assert (after.hits, after.misses) == (before.hits + 1, before.misses)
+
+
+def test_strings_of_every_length_around_the_copy_fast_paths() -> None:
+    """Strings up to 32 and 63 bytes are copied in fixed 32-byte moves when the input and the
+    output have the room; lengths across those bounds, at the very end of the data buffer
+    and after nulls, give fastavro's bytes."""
+    schema = {"type": "record", "name": "S", "fields": [
+        {"name": "s", "type": "string"}, {"name": "n", "type": ["null", "string"]}]}
+    records = [{"s": "é" * (k % 3) + "x" * k, "n": None if k % 4 == 0 else "y" * (140 - k)}
+               for k in range(141)]
+    expected = fastavro_bytes(schema, records)
+    batch = to_batch(parse_schema(schema), records)
+    for start in (0, 60, 100, 130, 140):  # slices end where the strings' data ends
+        for stop in (start + 1, 141):
+            assert encode(batch.slice(start, stop - start), schema).to_pylist() == (
+                expected[start:stop])

@@ -64,7 +64,8 @@ struct Writer;
 typedef int (*EncFn)(struct Writer *, const struct Bound *, int64_t);
 
 typedef struct Bound {
-    EncFn value_fn;        /* encodes a (non-null) value of this node's kind */
+    int op;                /* n->kind, or K_COUNT when a null or a union index may come first */
+    EncFn value_fn;        /* encodes a (non-null) value of kinds not inlined in enc_element */
     int nullable_or_branch; /* may be null, or writes a union index first */
     int null_byte, value_byte; /* zigzag union index of a null / before a value; -1: none */
     const Node *n;
@@ -122,6 +123,17 @@ static __attribute__((noinline, cold)) int grow(Writer *w, size_t need) {
 
 static inline void put_varint(Writer *w, uint64_t z) {
     uint8_t *p = w->p;
+    if (z < 0x80) { /* most lengths, counts and small ints: one or two bytes, no loop */
+        *p = (uint8_t)z;
+        w->p = p + 1;
+        return;
+    }
+    if (z < 0x4000) {
+        p[0] = (uint8_t)(z | 0x80);
+        p[1] = (uint8_t)(z >> 7);
+        w->p = p + 2;
+        return;
+    }
     while (z >= 0x80) {
         *p++ = (uint8_t)(z | 0x80);
         z >>= 7;
@@ -171,46 +183,30 @@ static const char HEX[] = "0123456789abcdef";
 
 /* ---------------------------------------------------------------- the encoder */
 
-/* Every bound node gets the small function for its kind at bind time, so the row loop makes one
- * indirect call per value instead of going through one big switch with its register spills;
- * nulls and union indexes are handled before the call (enc_element).
+/* Every bound node gets the small function for its kind at bind time; enc_element writes the
+ * common leaves (strings, ints, longs, booleans, floats, doubles) inline through a switch on the
+ * kind, and calls the function for the others (containers, logical types).
  * `i` is the element in the node's own coordinates; b->off + i indexes its buffers. */
 #define ENC(name) static int name(Writer *w, const Bound *b, int64_t i)
 #define CALL(kid, at) enc_element(w, (kid), (at))
 
-/* One element of a node: a null (its union index, or an error), or its index and value.
- * Union indexes below 64 are one byte, precomputed at bind time (-1: none / null refused). */
-static inline int enc_element(Writer *w, const Bound *b, int64_t i) {
-    if (b->nullable_or_branch) {
-        if (b->valid != NULL && !BIT(b->valid, b->off + i)) {
-            if (b->null_byte < 0) return fail(w, b->n, E_NULL, i, 0);
-            ENSURE(w, 1);
-            *w->p++ = (uint8_t)b->null_byte;
-            return 0;
-        }
-        if (b->value_byte >= 0) {
-            ENSURE(w, 1);
-            *w->p++ = (uint8_t)b->value_byte;
-        }
-    }
-    return b->value_fn(w, b, i);
-}
+static inline int enc_element(Writer *w, const Bound *b, int64_t i);
 
 ENC(enc_null) {
     (void)w; (void)b; (void)i;
     return 0;
 }
 
-ENC(enc_bool) {
+static inline __attribute__((always_inline)) int enc_bool(Writer *w, const Bound *b, int64_t i) {
     ENSURE(w, 1);
     int64_t p = b->off + i;
     *w->p++ = (uint8_t)BIT(b->b1, p);
     return 0;
 }
 
-ENC(enc_int32) { return put_long(w, ((const int32_t *)b->b1)[b->off + i]); }
+static inline __attribute__((always_inline)) int enc_int32(Writer *w, const Bound *b, int64_t i) { return put_long(w, ((const int32_t *)b->b1)[b->off + i]); }
 
-ENC(enc_int64) { return put_long(w, ((const int64_t *)b->b1)[b->off + i]); }
+static inline __attribute__((always_inline)) int enc_int64(Writer *w, const Bound *b, int64_t i) { return put_long(w, ((const int64_t *)b->b1)[b->off + i]); }
 
 ENC(enc_int64_as_int) {
     int64_t v = ((const int64_t *)b->b1)[b->off + i];
@@ -218,14 +214,14 @@ ENC(enc_int64_as_int) {
     return put_long(w, v);
 }
 
-ENC(enc_float) {
+static inline __attribute__((always_inline)) int enc_float(Writer *w, const Bound *b, int64_t i) {
     ENSURE(w, 4);
     memcpy(w->p, b->b1 + 4 * (b->off + i), 4);
     w->p += 4;
     return 0;
 }
 
-ENC(enc_double) {
+static inline __attribute__((always_inline)) int enc_double(Writer *w, const Bound *b, int64_t i) {
     ENSURE(w, 8);
     memcpy(w->p, b->b1 + 8 * (b->off + i), 8);
     w->p += 8;
@@ -237,9 +233,9 @@ static __attribute__((noinline)) int enc_binary_slow(Writer *w, const Bound *b, 
     return put_bytes(w, b->b2 + o[0], (int64_t)o[1] - o[0], b->data_end);
 }
 
-ENC(enc_binary) {
-    /* The common case without calls (so without saving registers): a string of up to 32
-     * bytes, copied as one 32-byte move when both sides have the room. */
+static inline __attribute__((always_inline)) int enc_binary(Writer *w, const Bound *b, int64_t i) {
+    /* The common case without calls (so without saving registers): a string of up to 32 (or
+     * 63) bytes, copied as one (or two) 32-byte moves when both sides have the room. */
     const int32_t *o = (const int32_t *)b->b1 + b->off + i;
     const uint8_t *src = b->b2 + o[0];
     int64_t n = (int64_t)o[1] - o[0];
@@ -247,6 +243,14 @@ ENC(enc_binary) {
         uint8_t *d = w->p;
         *d = (uint8_t)(n << 1);
         memcpy(d + 1, src, 32);
+        w->p = d + 1 + n;
+        return 0;
+    }
+    if (n < 64 && src + 64 <= b->data_end && w->end - w->p >= 65) { /* uuids, emails, urls */
+        uint8_t *d = w->p;
+        *d = (uint8_t)(n << 1);
+        memcpy(d + 1, src, 32);
+        memcpy(d + 33, src + 32, 32);
         w->p = d + 1 + n;
         return 0;
     }
@@ -285,6 +289,43 @@ ENC(enc_enum_string) {
         if (c == len) return put_long(w, k);
     }
     return fail(w, n, E_ENUM_SYMBOL, i, 0);
+}
+
+/* One element of a node: a null (its union index, or an error), or its index and value.
+ * Union indexes below 64 are one byte, precomputed at bind time (-1: none / null refused). */
+static inline __attribute__((always_inline)) int enc_leaf(Writer *w, const Bound *b, int64_t i,
+                                                          int kind) {
+    switch (kind) {
+    case K_BINARY: return enc_binary(w, b, i);
+    case K_INT32: return enc_int32(w, b, i);
+    case K_INT64: return enc_int64(w, b, i);
+    case K_BOOL: return enc_bool(w, b, i);
+    case K_DOUBLE: return enc_double(w, b, i);
+    case K_FLOAT: return enc_float(w, b, i);
+    default: return b->value_fn(w, b, i);
+    }
+}
+
+static __attribute__((noinline)) int enc_optional(Writer *w, const Bound *b, int64_t i) {
+    if (b->valid != NULL && !BIT(b->valid, b->off + i)) {
+        if (b->null_byte < 0) return fail(w, b->n, E_NULL, i, 0);
+        ENSURE(w, 1);
+        *w->p++ = (uint8_t)b->null_byte;
+        return 0;
+    }
+    if (b->value_byte >= 0) {
+        ENSURE(w, 1);
+        *w->p++ = (uint8_t)b->value_byte;
+    }
+    return enc_leaf(w, b, i, b->n->kind);
+}
+
+/* One element of a node: a null (its union index, or an error), or its index and value.
+ * Union indexes below 64 are one byte, precomputed at bind time (-1: none / null refused).
+ * One switch decides both whether a null or an index may come first and the kind. */
+static inline int enc_element(Writer *w, const Bound *b, int64_t i) {
+    if (b->op == K_COUNT) return enc_optional(w, b, i);
+    return enc_leaf(w, b, i, b->op);
 }
 
 ENC(enc_record) {
@@ -496,6 +537,7 @@ static int bind(Bound *b, const Node *n, const struct ArrowArray *a, int64_t ext
     }
     b->value_fn = VALUE_FN[n->kind];
     b->nullable_or_branch = b->valid != NULL || n->value_branch >= 0;
+    b->op = b->nullable_or_branch ? K_COUNT : n->kind;
     if (n->null_branch > 63 || n->value_branch > 63) return layout_error(n, "union too wide");
     b->null_byte = n->null_branch >= 0 ? (int)(n->null_branch << 1) : -1;
     b->value_byte = n->value_branch >= 0 ? (int)(n->value_branch << 1) : -1;
