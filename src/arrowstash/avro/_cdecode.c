@@ -68,7 +68,7 @@ typedef struct Ctx {
     int err;
     int64_t err_seg, err_datum, err_off, err_detail;
     int err_node, err_unsigned;
-} Ctx;
+} __attribute__((aligned(64))) Ctx; /* own cache lines: each chunk's thread writes its Ctx */
 
 /* -- buffers ------------------------------------------------------------------------------- */
 
@@ -195,6 +195,15 @@ static inline int bit_put(Buf *b, int64_t i, int v) {
         b->p[i >> 3] |= (uint8_t)(v << (i & 7));
     }
     return 0;
+}
+
+/* Zeroed memory on cache lines of its own (threads write their contexts and columns all the
+ * time: sharing a line with another thread's would move it between the cores), or NULL. */
+static void *zalloc_lines(size_t size) {
+    size = (size + 63) / 64 * 64;
+    void *p = aligned_alloc(64, size ? size : 64);
+    if (p) memset(p, 0, size ? size : 64);
+    return p;
 }
 
 /* -- errors -------------------------------------------------------------------------------- */
@@ -1173,14 +1182,15 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
     if (nthreads < 1) nthreads = 1;
     if (nthreads > 64) nthreads = 64;
     if (total < 65536 || nsegs < 2 * nthreads) nthreads = 1; /* not worth a thread */
-    /* several chunks per thread, so a thread the system runs late finds less left to do */
-    int nchunks = nthreads == 1 ? 1 : nthreads * 4;
+    /* The chunks after the first are merged into it (copied), so the first is a thread's fair
+     * share; the rest is cut finer, so that a thread the system runs late finds less left. */
+    int nchunks = nthreads == 1 ? 1 : 1 + (nthreads - 1) * 4;
     if (nchunks > nsegs) nchunks = nsegs > 0 ? (int)nsegs : 1;
-    Ctx *ctxs = calloc((size_t)nchunks, sizeof(Ctx));
+    Ctx *ctxs = zalloc_lines((size_t)nchunks * sizeof(Ctx));
     Buf ids = {0};
     int failed_alloc = !ctxs || (confluent && buf_zeros(&ids, (size_t)(nsegs > 0 ? nsegs : 1) * 4));
     for (int t = 0; t < nchunks && !failed_alloc; t++) {
-        ctxs[t].cols = calloc((size_t)nnodes, sizeof(Col));
+        ctxs[t].cols = zalloc_lines((size_t)nnodes * sizeof(Col));
         if (!ctxs[t].cols) failed_alloc = 1;
     }
     if (failed_alloc) {
@@ -1191,15 +1201,15 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
         free_nodes(nodes, nnodes);
         return PyErr_NoMemory();
     }
-    /* contiguous ranges of about equal bytes */
-    int64_t s = 0, acc = 0;
+    /* contiguous ranges: the first of total / nthreads bytes, the others equal */
+    int64_t s = 0, acc = 0, first = nchunks > 1 ? total / nthreads : total;
     for (int t = 0; t < nchunks; t++) {
         Ctx *c = &ctxs[t];
         c->nodes = nodes, c->nnodes = nnodes, c->validate_utf8 = validate_utf8;
         c->confluent = confluent, c->segs = segs, c->ids = (int32_t *)ids.p;
         c->all_bytes = t == 0 && nchunks > 1 ? total : 0;
         c->seg_begin = s;
-        int64_t goal = total * (t + 1) / nchunks;
+        int64_t goal = first + (nchunks > 1 ? (total - first) * t / (nchunks - 1) : 0);
         if (t == nchunks - 1) s = nsegs;
         else
             while (s < nsegs && (acc < goal || s == c->seg_begin)) {
