@@ -17,11 +17,14 @@
 
 enum { K_NULL, K_BOOL, K_INT, K_LONG, K_FLOAT, K_DOUBLE, K_BYTES, K_STRING, K_FIXED, K_ENUM,
        K_UUID_STR, K_DEC_BYTES, K_DEC_FIXED, K_DURATION, K_RECORD, K_ARRAY, K_MAP, K_UNION,
+       K_SKIP /* read past a value of kind param (a field the reader drops) */,
        K_NULLABLE /* not a plan kind: Node.op of a ["null", T] node */ };
+/* How deep skipped values may nest: _plan.SKIP_DEPTH. */
+#define SKIP_DEPTH 10000
 
 enum { E_TRUNCATED = 1, E_VARINT, E_INT_RANGE, E_UNION_INDEX, E_NEGATIVE, E_UTF8, E_TRAILING,
        E_BOOL, E_ENUM, E_UUID, E_DECIMAL, E_DURATION, E_BLOCK_COUNT, E_TOO_LARGE,
-       E_CONFLUENT_SHORT, E_CONFLUENT_MAGIC, E_NULL_MESSAGE, E_NO_MEMORY, E_TIME };
+       E_CONFLUENT_SHORT, E_CONFLUENT_MAGIC, E_NULL_MESSAGE, E_NO_MEMORY, E_TIME, E_TOO_DEEP };
 
 struct Ctx;
 struct Col;
@@ -625,13 +628,78 @@ static const uint8_t *d_union(Ctx *c, const Node *n, Col *col, const uint8_t *p)
     return CHILD(c, kid, p);
 }
 
+/* One value of SKIP node n read past, nothing stored: the structure is checked (lengths, block
+ * counts, union indexes), not the values. Same order and errors as _decode._skip. */
+static const uint8_t *skip_value(Ctx *c, const Node *n, const uint8_t *p, int depth) {
+    if (depth > SKIP_DEPTH) return FAIL(c, E_TOO_DEEP, p, n, SKIP_DEPTH);
+    int64_t v;
+    switch (n->param) {
+    case K_NULL: return p;
+    case K_INT: case K_LONG: case K_ENUM:
+        return rd_long(c, &p, n->index, &v) ? NULL : p;
+    case K_BYTES: case K_STRING:
+        return rd_len(c, n, &p, &v) ? NULL : p + v;
+    case K_BOOL: case K_FLOAT: case K_DOUBLE: case K_FIXED: {
+        int64_t size = n->param == K_BOOL ? 1 : n->size;
+        if (size > c->end - p) return FAIL(c, E_TRUNCATED, p, n, 0);
+        return p + size;
+    }
+    case K_RECORD:
+        for (int k = 0; k < n->nchildren; k++)
+            if (!(p = skip_value(c, n->kids[k], p, depth + 1))) return NULL;
+        return p;
+    case K_UNION: {
+        const uint8_t *start = p;
+        if (rd_long(c, &p, n->index, &v)) return NULL;
+        if (v < 0 || v >= n->nchildren) return FAIL(c, E_UNION_INDEX, start, n, v);
+        return skip_value(c, n->kids[v], p, depth + 1);
+    }
+    default: { /* K_ARRAY, K_MAP: blocks of items */
+        uint64_t item_min = (uint64_t)n->item_min + (n->param == K_MAP);
+        for (;;) {
+            const uint8_t *start = p;
+            if (rd_long(c, &p, n->index, &v)) return NULL;
+            if (v == 0) return p;
+            if (v < 0) { /* a count with the block's size in bytes: jump over it */
+                const uint8_t *size_start = p;
+                int64_t size;
+                if (rd_long(c, &p, n->index, &size)) return NULL;
+                if (size < 0) return FAIL(c, E_NEGATIVE, size_start, n, size);
+                if (size > c->end - p) return FAIL(c, E_TRUNCATED, size_start, n, 0);
+                p += size;
+                continue;
+            }
+            uint64_t need;
+            if (__builtin_mul_overflow((uint64_t)v, item_min, &need) ||
+                need > (uint64_t)(c->end - p)) {
+                fail(c, E_BLOCK_COUNT, start, n->index, 0);
+                c->err_detail = v;
+                return NULL;
+            }
+            if (item_min == 0) continue; /* items of no bytes: nothing to read */
+            for (int64_t i = 0; i < v; i++) {
+                if (n->param == K_MAP) {
+                    int64_t len;
+                    if (rd_len(c, n, &p, &len)) return NULL;
+                    p += len;
+                }
+                if (!(p = skip_value(c, n->kids[0], p, depth + 1))) return NULL;
+            }
+        }
+    }
+    }
+}
+
+static const uint8_t *d_skip(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+    return skip_value(c, n, p, 1);
+}
 
 static const DecFn KIND_FN[] = {
     [K_NULL] = d_null, [K_BOOL] = d_bool, [K_INT] = d_int, [K_LONG] = d_long,
     [K_FLOAT] = d_sized, [K_DOUBLE] = d_sized, [K_BYTES] = d_bytes, [K_STRING] = d_string,
     [K_FIXED] = d_sized, [K_ENUM] = d_enum, [K_UUID_STR] = d_uuid, [K_DEC_BYTES] = d_dec_bytes,
     [K_DEC_FIXED] = d_dec_fixed, [K_DURATION] = d_duration, [K_RECORD] = d_record,
-    [K_ARRAY] = d_list, [K_MAP] = d_list, [K_UNION] = d_union,
+    [K_ARRAY] = d_list, [K_MAP] = d_list, [K_UNION] = d_union, [K_SKIP] = d_skip,
 };
 
 static int all_ascii(const uint8_t *p, size_t n) {
@@ -1032,8 +1100,11 @@ static void free_nodes(Node *nodes, int n) {
 static void collect_empties(const Node *nodes, int i, int *out, int *count) {
     const Node *n = &nodes[i];
     out[(*count)++] = i;
-    if (n->kind == K_RECORD)
-        for (int k = 0; k < n->nchildren; k++) collect_empties(nodes, n->children[k], out, count);
+    if (n->kind == K_RECORD) /* a skipped field has no slot (and its nodes may form cycles) */
+        for (int k = 0; k < n->nchildren; k++) {
+            if (nodes[n->children[k]].kind != K_SKIP)
+                collect_empties(nodes, n->children[k], out, count);
+        }
     else if (n->kind == K_UNION)
         collect_empties(nodes, n->children[n->null_child], out, count);
 }
@@ -1069,7 +1140,9 @@ static Node *parse_plan(PyObject *plan, int *nnodes) {
         }
         for (int k = 0; k < nd->nchildren; k++) {
             long ci = PyLong_AsLong(PyTuple_GET_ITEM(children, k));
-            if (ci <= i || ci >= n) { /* children come after their parent */
+            /* children come after their parent; a skipped type may refer back to itself */
+            if (ci < 0 || ci >= n ||
+                (ci <= i && nd->kind != K_SKIP && nodes[ci].kind != K_SKIP)) {
                 if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "bad plan");
                 goto error;
             }
@@ -1094,9 +1167,20 @@ static Node *parse_plan(PyObject *plan, int *nnodes) {
     for (Py_ssize_t i = 0; i < n; i++) { /* derived fields */
         Node *nd = &nodes[i];
         nd->index = (int)i;
-        if (nd->kind < 0 || nd->kind > K_UNION) {
+        if (nd->kind < 0 || nd->kind > K_SKIP) {
             PyErr_SetString(PyExc_ValueError, "bad plan: unknown kind");
             goto error;
+        }
+        if (nd->kind == K_SKIP) { /* the kinds of an encoding; SKIP children only */
+            int64_t k = nd->param;
+            int ok = k <= K_ENUM || k == K_RECORD || k == K_ARRAY || k == K_MAP || k == K_UNION;
+            if ((k == K_ARRAY || k == K_MAP) && nd->nchildren != 1) ok = 0;
+            for (int j = 0; j < nd->nchildren; j++)
+                if (nodes[nd->children[j]].kind != K_SKIP) ok = 0;
+            if (!ok) {
+                PyErr_SetString(PyExc_ValueError, "bad plan: bad skip node");
+                goto error;
+            }
         }
         nd->kids = calloc((size_t)nd->nchildren + 1, sizeof(Node *));
         if (!nd->kids) {

@@ -113,6 +113,9 @@ class _Builder:
 
     def _value(self, i: int, node: P.Node, col: _Col) -> tuple[Read, Empty]:
         kind = node.kind
+        if kind == P.SKIP:
+            nodes = self.plan.nodes
+            return (lambda buf, pos: _skip(nodes, i, buf, pos)), (lambda: None)
         if kind == P.NULL:
             return self._null(col)
         if kind in (P.INT, P.LONG, P.ENUM):
@@ -359,6 +362,78 @@ class _Builder:
                 bufs = [validity, col.data]
             out.append((col.length, col.nulls, bufs))
         return out
+
+
+def _skip(nodes: Sequence[P.Node], i: int, buf: bytes, pos: int) -> int:
+    """Read past one value of SKIP node ``i``; returns the position after it. A loop over a
+    stack rather than recursion (recursive data may nest deeper than Python's recursion limit),
+    visiting values in the C decoder's order so both report the same first error. Stack items:
+    ``(node, depth, -1)`` for a value, ``(node, depth, n)`` for an array or map with ``n`` items
+    left in its current block."""
+    end = len(buf)
+    stack = [(i, 1, -1)]
+    while stack:
+        i, depth, left = stack.pop()
+        node = nodes[i]
+        kind = node.param
+        if left > 0:  # the next item of an array or map
+            stack.append((i, depth, left - 1))
+            if kind == P.MAP:
+                pos = _skip_bytes(buf, pos, i)
+            stack.append((node.children[0], depth + 1, -1))
+            continue
+        if left == 0:  # an array or map's next block (or its end)
+            start = pos
+            count, pos = _long(buf, pos, i)
+            if count == 0:
+                continue
+            if count < 0:
+                size_start = pos
+                size, pos = _long(buf, pos, i)
+                if size < 0:
+                    raise DecodeFailure(5, size_start, i, size)
+                if size > end - pos:
+                    raise DecodeFailure(1, size_start, i)
+                pos += size
+                stack.append((i, depth, 0))
+                continue
+            item_min = nodes[node.children[0]].min_size + (kind == P.MAP)
+            if count * item_min > end - pos:
+                raise DecodeFailure(13, start, i, count)
+            stack.append((i, depth, count if item_min else 0))
+            continue
+        if depth > P.SKIP_DEPTH:
+            raise DecodeFailure(20, pos, i, P.SKIP_DEPTH)
+        if kind in (P.INT, P.LONG, P.ENUM):
+            _, pos = _long(buf, pos, i)
+        elif kind in (P.BYTES, P.STRING):
+            pos = _skip_bytes(buf, pos, i)
+        elif kind in (P.BOOL, P.FLOAT, P.DOUBLE, P.FIXED):
+            size = 1 if kind == P.BOOL else node.size
+            if size > end - pos:
+                raise DecodeFailure(1, pos, i)
+            pos += size
+        elif kind == P.RECORD:
+            stack.extend((c, depth + 1, -1) for c in reversed(node.children))
+        elif kind in (P.ARRAY, P.MAP):
+            stack.append((i, depth, 0))
+        elif kind == P.UNION:
+            index, after = _long(buf, pos, i)
+            if not 0 <= index < len(node.children):
+                raise DecodeFailure(4, pos, i, index)
+            pos = after
+            stack.append((node.children[index], depth + 1, -1))
+    return pos
+
+
+def _skip_bytes(buf: bytes, pos: int, i: int) -> int:
+    """Past a length-prefixed value (bytes, string, a map key)."""
+    n, start = _long(buf, pos, i)
+    if n < 0:
+        raise DecodeFailure(5, pos, i, n)
+    if n > len(buf) - start:
+        raise DecodeFailure(1, pos, i)
+    return start + n
 
 
 def _decimal(raw: bytes, node: P.Node, pos: int, i: int) -> bytes:

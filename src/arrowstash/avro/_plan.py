@@ -9,7 +9,7 @@ message.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ from arrowstash.avro.schema import (
     Fixed,
     Map,
     Primitive,
+    PrunedSchema,
     Record,
     Schema,
     Union,
@@ -34,6 +35,13 @@ __all__ = ["ERRORS", "Node", "Plan", "assemble", "compile_plan", "error_message"
 # Node kinds (the C decoder uses the same numbers).
 NULL, BOOL, INT, LONG, FLOAT, DOUBLE, BYTES, STRING = range(8)
 FIXED, ENUM, UUID_STR, DEC_BYTES, DEC_FIXED, DURATION, RECORD, ARRAY, MAP, UNION = range(8, 18)
+# A value read past and dropped (a writer field the reader schema does not read): ``param`` is
+# the kind of its encoding, ``children`` more SKIP nodes (anywhere in the plan: a recursive type
+# refers back to itself). Skipping checks the structure (lengths, counts, union indexes), not the
+# values.
+SKIP = 18
+#: How deep skipped values may nest (a recursive type's data could otherwise exhaust the stack).
+SKIP_DEPTH = 10_000
 
 # Error codes shared with the C decoder: code -> message template ({what}, {detail}).
 ERRORS = {
@@ -56,6 +64,7 @@ ERRORS = {
     17: "message is null",
     18: "out of memory",
     19: "{detail} is not a time of day ({what})",
+    20: "{what} nests deeper than {detail} levels",
 }
 # Exclusive upper bounds of the time-of-day logical types (``param`` of their INT/LONG nodes).
 _TIME_BOUNDS = {"time-millis": 86_400_000, "time-micros": 86_400_000_000}
@@ -96,13 +105,15 @@ class Plan:
 
 
 def compile_plan(schema: Schema) -> Plan:
+    """The plan of ``schema``; a :class:`PrunedSchema` adds SKIP nodes for the fields it drops."""
     arrow = schema.arrow_schema  # raises AvroSchemaError for recursive types
     nodes: list[Node | None] = [None]
     root = schema.root
+    skips = _Skips(schema.skipped if isinstance(schema, PrunedSchema) else {})
     if isinstance(root, Record):
-        children = tuple(_compile(f.type, f.name, nodes) for f in root.fields)
+        children = skips.fields(root, "", nodes)
     else:
-        children = (_compile(root, "value", nodes),)
+        children = (_compile(root, "value", nodes, skips),)
     min_size = sum(_node(nodes, c).min_size for c in children)
     nodes[0] = Node(RECORD, -1, 0, 0, children, pa.struct(list(arrow)), "", "record", min_size)
     return Plan(schema, tuple(n for n in nodes if n is not None))
@@ -112,7 +123,67 @@ _SIMPLE = {"null": NULL, "boolean": BOOL, "int": INT, "long": LONG, "float": FLO
            "double": DOUBLE, "bytes": BYTES, "string": STRING}
 
 
-def _compile(t: AvroType, path: str, nodes: list[Node | None]) -> int:
+class _Skips:
+    """Which writer fields a pruned record left out, and their SKIP nodes (one per named type,
+    so a recursive type's nodes refer back to themselves)."""
+
+    def __init__(self, skipped: Mapping[str, Record]) -> None:
+        self.skipped = skipped
+        self.named: dict[str, int] = {}
+
+    def fields(self, t: Record, path: str, nodes: list[Node | None]) -> tuple[int, ...]:
+        """The nodes of a record's fields in the writer's order: kept ones decoded, the rest
+        skipped."""
+        full = self.skipped.get(t.name)
+        if full is None:
+            return tuple(_compile(f.type, _join(path, f.name), nodes, self) for f in t.fields)
+        kept = {f.name: f for f in t.fields}
+        return tuple(
+            _compile(kept[f.name].type, _join(path, f.name), nodes, self) if f.name in kept
+            else self.skip(f.type, _join(path, f.name), nodes)
+            for f in full.fields
+        )
+
+    def skip(self, t: AvroType, path: str, nodes: list[Node | None]) -> int:
+        named = isinstance(t, (Record, Enum, Fixed))
+        if named and t.name in self.named:  # type: ignore[union-attr]
+            return self.named[t.name]  # type: ignore[union-attr]
+        index = len(nodes)
+        nodes.append(None)
+        if named:
+            self.named[t.name] = index  # type: ignore[union-attr]
+        size = 0
+        children: tuple[int, ...] = ()
+        if isinstance(t, Primitive):
+            kind = _SIMPLE[t.type]
+            size = {FLOAT: 4, DOUBLE: 8}.get(kind, 0)
+        elif isinstance(t, Fixed):
+            kind, size = FIXED, t.size
+        elif isinstance(t, Enum):
+            kind = ENUM
+        elif isinstance(t, Record):
+            kind = RECORD
+            children = tuple(self.skip(f.type, _join(path, f.name), nodes) for f in t.fields)
+        elif isinstance(t, Array):
+            kind, children = ARRAY, (self.skip(t.items, path + "[]", nodes),)
+        elif isinstance(t, Map):
+            kind, children = MAP, (self.skip(t.values, path + "{}", nodes),)
+        else:
+            kind = UNION
+            children = tuple(self.skip(b, f"{path}<{union_child_name(b)}>", nodes)
+                             for b in t.branches)
+        if kind == RECORD:  # a child still being compiled (recursion) counts as empty
+            min_size = sum(n.min_size for c in children if (n := nodes[c]) is not None)
+        elif kind in (NULL, FIXED, FLOAT, DOUBLE):
+            min_size = size
+        else:
+            min_size = 1
+        nodes[index] = Node(SKIP, -1, kind, size, children, pa.null(), path,
+                            f"skipped {describe(t)} at {path}", min_size)
+        return index
+
+
+def _compile(t: AvroType, path: str, nodes: list[Node | None], skips: _Skips) -> int:
     index = len(nodes)
     nodes.append(None)
     null_branch = -1
@@ -151,20 +222,20 @@ def _compile(t: AvroType, path: str, nodes: list[Node | None]) -> int:
         kind, param, symbols = ENUM, len(t.symbols), t.symbols
     elif isinstance(t, Record):
         kind = RECORD
-        children = tuple(_compile(f.type, _join(path, f.name), nodes) for f in t.fields)
+        children = skips.fields(t, path, nodes)
     elif isinstance(t, Array):
         kind = ARRAY
-        children = (_compile(t.items, path + "[]", nodes),)
+        children = (_compile(t.items, path + "[]", nodes, skips),)
     elif isinstance(t, Map):
         kind = MAP
         key = len(nodes)
         key_what = f"map key at {path}"
         nodes.append(Node(STRING, -1, 0, 0, (), pa.string(), path + "{key}", key_what, 1))
-        children = (key, _compile(t.values, path + "{}", nodes))
+        children = (key, _compile(t.values, path + "{}", nodes, skips))
     else:
         kind, param = UNION, len(t.branches)
         children = tuple(
-            _compile(b, f"{path}<{union_child_name(b)}>", nodes) for b in t.branches
+            _compile(b, f"{path}<{union_child_name(b)}>", nodes, skips) for b in t.branches
         )
     if null_branch >= 0 or kind not in _MIN_SIZES:
         min_size = 1
@@ -212,7 +283,7 @@ def error_message(
 def assemble(plan: Plan, columns: Sequence[tuple[int, int, list[Any]]]) -> pa.RecordBatch:
     """The record batch from per-node ``(length, null_count, buffers)`` in Arrow's layouts."""
     root = plan.nodes[0]
-    arrays = [_array(plan, columns, i) for i in root.children]
+    arrays = [_array(plan, columns, i) for i in root.children if plan.nodes[i].kind != SKIP]
     if not arrays:  # a record without fields: one row per datum, and no columns
         rows = pa.array([{}] * columns[0][0], pa.struct([]))
         return pa.RecordBatch.from_struct_array(rows).replace_schema_metadata(
@@ -231,7 +302,7 @@ def _array(plan: Plan, columns: Sequence[tuple[int, int, list[Any]]], i: int) ->
     kind, t = node.kind, node.type
     if kind == NULL:
         return pa.nulls(length)
-    children = [_array(plan, columns, c) for c in node.children]
+    children = [_array(plan, columns, c) for c in node.children if plan.nodes[c].kind != SKIP]
     if kind == ENUM:
         indices = pa.Array.from_buffers(pa.int32(), length, bufs, nulls)
         return pa.DictionaryArray.from_arrays(indices, pa.array(node.symbols, pa.string()))

@@ -68,13 +68,17 @@ def decode(
     if schema_id_column is not None and not confluent:
         raise ValueError("schema_id_column needs confluent=True (the ids are in the header)")
     writer = parse_schema(schema)
+    reader = None if reader_schema is None else parse_schema(reader_schema)
+    if reader is not None:
+        # schema resolution lives in arrowstash.avro.resolve (imported on first use); the
+        # fields the reader drops are read past, never decoded
+        resolution = importlib.import_module("arrowstash.avro.resolve")
+        writer = resolution.pruned(writer, reader)
     batch, ids = decode_messages(
         messages, writer, threads=threads, confluent=confluent, validate_utf8=validate_utf8
     )
-    if reader_schema is not None:
-        # schema resolution lives in arrowstash.avro.resolve (imported on first use)
-        resolve = importlib.import_module("arrowstash.avro.resolve").resolve
-        batch = resolve(batch, writer, reader_schema)
+    if reader is not None:
+        batch = resolution.resolve(batch, writer, reader)
     if schema_id_column is not None:
         if schema_id_column in batch.schema.names:
             raise ValueError(f"schema_id_column {schema_id_column!r} is already a column")

@@ -31,7 +31,7 @@ from arrowstash.avro.codec import decode_blocks
 from arrowstash.avro.encoder import encode
 from arrowstash.avro.framing import offsets_and_data
 from arrowstash.avro.from_arrow import from_arrow_schema
-from arrowstash.avro.resolve import resolve
+from arrowstash.avro.resolve import pruned, resolve
 from arrowstash.avro.schema import parse_schema
 from arrowstash.errors import AvroDecodeError
 
@@ -348,6 +348,9 @@ def read_ocf(source: Source, *, threads: int | None = None,
     if codec not in _DECOMPRESS:
         raise AvroDecodeError(f"the file uses codec {codec!r}, which is not one of {CODECS}")
     writer = parse_schema(header.schema_json)
+    reader = None if reader_schema is None else parse_schema(reader_schema)
+    if reader is not None:  # the fields the reader drops are read past, never decoded
+        writer = pruned(writer, reader)
     blocks, broken = _blocks(data, header)
     workers = _threads(threads)
     batches = None
@@ -357,8 +360,7 @@ def read_ocf(source: Source, *, threads: int | None = None,
         batches = [_read_blocks(codec, blocks, writer, workers)]
         if broken is not None:
             raise broken
-    if reader_schema is not None:
-        reader = parse_schema(reader_schema)
+    if reader is not None:
         batches = [resolve(batch, writer, reader) for batch in batches]
     table = pa.Table.from_batches(batches)
     if columns is not None:

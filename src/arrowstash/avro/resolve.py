@@ -20,6 +20,7 @@ resolution fails only for some data (a union branch or enum symbol the reader la
 
 from __future__ import annotations
 
+import dataclasses
 import decimal
 import uuid
 from collections.abc import Callable
@@ -36,8 +37,11 @@ from arrowstash.avro.schema import (
     Enum,
     Fixed,
     Map,
+    NamedType,
     Primitive,
+    PrunedSchema,
     Record,
+    Schema,
     SchemaLike,
     Union,
     describe,
@@ -45,7 +49,7 @@ from arrowstash.avro.schema import (
 )
 from arrowstash.errors import AvroDecodeError, AvroSchemaError
 
-__all__ = ["resolve"]
+__all__ = ["pruned", "resolve"]
 
 #: Writer primitive -> the reader primitives it may be read as (besides itself).
 _PROMOTIONS = {
@@ -65,8 +69,10 @@ def resolve(batch: pa.RecordBatch, writer: SchemaLike, reader: SchemaLike) -> pa
     """``batch`` (decoded with ``writer``) as if it had been decoded with ``reader``."""
     w, r = parse_schema(writer), parse_schema(reader)
     target = r.arrow_schema
-    if isinstance(w.root, Record):
+    if isinstance(w.root, Record) and batch.num_columns:
         column: pa.Array = pa.StructArray.from_arrays(batch.columns, fields=list(batch.schema))
+    elif isinstance(w.root, Record):  # no fields (or none the reader reads): only a length
+        column = pa.Array.from_buffers(pa.struct([]), batch.num_rows, [None], children=[])
     else:
         column = batch.column(0)
     out = _resolve(column, w.root, r.root, _path(r.root))
@@ -114,6 +120,103 @@ def _branch_for(w: AvroType, r: Union) -> int | None:
             if _matches(w, branch, promote):
                 return j
     return None
+
+
+# -- what to decode ------------------------------------------------------------------------------
+
+def pruned(writer: Schema, reader: Schema) -> Schema:
+    """``writer`` without the record fields ``reader`` never reads (a :class:`PrunedSchema`), or
+    ``writer`` itself when every field is read. Decoding with it reads past the dropped fields
+    without mapping them to Arrow, so a recursive field the reader drops is no obstacle, and
+    dropped columns cost no buffers; ``resolve`` takes it as the writer schema."""
+    reads = _Reads()
+    reads.walk(writer.root, reader.root)
+    built: dict[str, Record] = {}
+    names: dict[str, NamedType] = {}
+    skipped: dict[str, Record] = {}
+
+    def build(t: AvroType) -> AvroType:
+        if isinstance(t, Union):
+            return Union(tuple(build(b) for b in t.branches))
+        if isinstance(t, Array):
+            return Array(build(t.items), t.props)
+        if isinstance(t, Map):
+            return Map(build(t.values), t.props)
+        if not isinstance(t, Record):
+            if isinstance(t, (Enum, Fixed)):
+                names[t.name] = t
+            return t
+        if t.name in built:
+            return built[t.name]
+        record = built[t.name] = dataclasses.replace(t, fields=())
+        names[t.name] = record
+        kept = [f for f in t.fields if t.name in reads.whole or f.name in reads.fields[t.name]]
+        if len(kept) < len(t.fields):
+            skipped[t.name] = t
+        object.__setattr__(record, "fields",
+                           tuple(dataclasses.replace(f, type=build(f.type)) for f in kept))
+        return record
+
+    root = build(writer.root)
+    return PrunedSchema(root, names, writer, skipped) if skipped else writer
+
+
+class _Reads:
+    """Which writer record fields a reader reads, found by walking both schemas the way
+    ``resolve`` matches them. A writer type the reader has no match for is read whole (the
+    resolution fails later, with its own message, if a value uses it)."""
+
+    def __init__(self) -> None:
+        self.fields: dict[str, set[str]] = {}
+        self.whole: set[str] = set()
+        self.seen: set[tuple[str, str]] = set()
+
+    def walk(self, w: AvroType, r: AvroType) -> None:
+        if isinstance(w, Union):
+            for branch in w.branches:
+                j = _branch_for(branch, r) if isinstance(r, Union) else (
+                    0 if _matches(branch, r, True) else None)
+                if j is None:
+                    self.read_whole(branch)
+                else:
+                    self.walk(branch, r.branches[j] if isinstance(r, Union) else r)
+        elif isinstance(r, Union):
+            j = _branch_for(w, r)
+            if j is None:
+                self.read_whole(w)
+            else:
+                self.walk(w, r.branches[j])
+        elif not _matches(w, r, True):
+            self.read_whole(w)
+        elif isinstance(w, Record) and isinstance(r, Record):
+            if (w.name, r.name) in self.seen:
+                return
+            self.seen.add((w.name, r.name))
+            read = self.fields.setdefault(w.name, set())
+            by_name = {f.name: f for f in w.fields}
+            for field in r.fields:
+                found = next((by_name[n] for n in (field.name, *field.aliases) if n in by_name),
+                             None)
+                if found is not None:
+                    read.add(found.name)
+                    self.walk(found.type, field.type)
+        elif isinstance(w, Array) and isinstance(r, Array):
+            self.walk(w.items, r.items)
+        elif isinstance(w, Map) and isinstance(r, Map):
+            self.walk(w.values, r.values)
+
+    def read_whole(self, t: AvroType) -> None:
+        if isinstance(t, Union):
+            for branch in t.branches:
+                self.read_whole(branch)
+        elif isinstance(t, Array):
+            self.read_whole(t.items)
+        elif isinstance(t, Map):
+            self.read_whole(t.values)
+        elif isinstance(t, Record) and t.name not in self.whole:
+            self.whole.add(t.name)
+            for f in t.fields:
+                self.read_whole(f.type)
 
 
 # -- resolution ----------------------------------------------------------------------------------

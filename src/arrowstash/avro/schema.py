@@ -28,6 +28,7 @@ __all__ = [
     "Map",
     "NamedType",
     "Primitive",
+    "PrunedSchema",
     "Record",
     "Schema",
     "Union",
@@ -202,10 +203,13 @@ class Schema:
         raise AttributeError("Schema objects are immutable")
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Schema) and other.json == self.json
+        return isinstance(other, Schema) and other._key() == self._key()
 
     def __hash__(self) -> int:
-        return hash(self.json)
+        return hash(self._key())
+
+    def _key(self) -> Any:
+        return self.json
 
     def __repr__(self) -> str:
         return f"Schema({self.json})"
@@ -218,6 +222,27 @@ class Schema:
 
             object.__setattr__(self, "_arrow", arrow_schema(self))
         return self._arrow
+
+
+class PrunedSchema(Schema):
+    """A writer's schema without the record fields a reader schema never reads: what is decoded
+    into Arrow when reading with that reader (``arrowstash.avro.resolve.pruned`` makes it).
+    ``skipped`` maps the fullname of each record that lost fields to the writer's whole record,
+    so the decoder reads past the dropped fields' bytes; ``writer`` is the whole schema."""
+
+    __slots__ = ("skipped", "writer")
+
+    skipped: Mapping[str, Record]
+    writer: Schema
+
+    def __init__(self, root: AvroType, names: Mapping[str, NamedType], writer: Schema,
+                 skipped: Mapping[str, Record]) -> None:
+        super().__init__(root, names)
+        object.__setattr__(self, "writer", writer)
+        object.__setattr__(self, "skipped", MappingProxyType(dict(skipped)))
+
+    def _key(self) -> Any:
+        return (self.json, self.writer.json)  # the same fields kept of two writers: two plans
 
 
 SchemaLike = str | bytes | Mapping[str, Any] | list[Any] | Schema
