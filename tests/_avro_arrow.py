@@ -70,14 +70,16 @@ def to_arrow(t: AvroType, values: list[Any]) -> pa.Array:
     return pa.array(values, at)
 
 
-_PARSED: dict[int, Any] = {}
+# Keyed by the union itself (compared by identity), which the dict keeps alive: keyed by id(),
+# a union collected after one example left its parsed schema to a new union at the same address.
+_PARSED: dict[AvroUnion, Any] = {}
 
 
 def fastavro_branch(t: AvroUnion, value: Any) -> int:
     """The branch fastavro's writer chooses for ``value``."""
-    parsed = _PARSED.get(id(t))
+    parsed = _PARSED.get(t)
     if parsed is None:
-        parsed = _PARSED[id(t)] = fastavro.parse_schema(json.loads(Schema(t, {}).json))
+        parsed = _PARSED[t] = fastavro.parse_schema(json.loads(Schema(t, {}).json))
     out = io.BytesIO()
     fastavro.schemaless_writer(out, parsed, value)
     first = out.getvalue()[0]
