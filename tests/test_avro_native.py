@@ -264,3 +264,34 @@ def test_reused_output_memory_never_changes_a_held_batch(threads: int) -> None:
         assert again.equals(decode_messages(second, parsed, native=False)[0])
         del again
     assert held.to_pylist() == expected
+
+
+def test_strings_of_every_length_and_a_bad_byte_at_every_position() -> None:
+    """Strings are copied in fixed 16/32/64-byte moves when the message has the bytes left, and
+    checked for UTF-8 words at a time: every length across those bounds, at a message's end and
+    before other fields, with a valid 2-byte character or an invalid byte at each position."""
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "s", "type": "string"}, {"name": "t", "type": ["null", "string"]}]}
+    parsed = parse_schema(schema)
+    good, bad = [], []
+    for n in range(0, 80):
+        text = "q" * n  # odd as a byte: never a zigzag length
+        good += write(schema, [{"s": text, "t": None}, {"s": "a", "t": text}])
+        for k in range(0, n - 1, 3 if n > 40 else 1):
+            good += write(schema, [{"s": text[:k] + "é" + text[k + 2:], "t": "é" * (n // 2)}])
+            for invalid in (b"\xff", b"\xc3\x28", b"\xe2\x82"):
+                raw = write(schema, [{"s": text, "t": text}])[0]
+                cut = raw.index(b"q" * n) + k if n else 1
+                bad.append(raw[:cut] + invalid[: n - k] + raw[cut + len(invalid[: n - k]):])
+    native, python = both(good, schema, threads=2)
+    assert_same(native, python)
+    assert native[0].column("s").to_pylist()[:4] == ["", "a", "q", "a"]
+    for message in bad:
+        outcome = [None, None]
+        for i, native_flag in enumerate((True, False)):
+            try:
+                decode_messages([message], parsed, native=native_flag)
+            except AvroDecodeError as exc:
+                outcome[i] = str(exc)
+        assert outcome[0] == outcome[1], message
+        assert outcome[0] is not None and "invalid UTF-8" in outcome[0], message

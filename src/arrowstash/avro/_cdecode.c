@@ -481,11 +481,21 @@ static inline __attribute__((always_inline)) const uint8_t *d_bytes_or_string(
     if (is_string && c->strict_utf8 && !utf8_ok(p, (size_t)v))
         return FAIL(c, E_UTF8, start, n, 0);
     Buf *d = &col->data, *o = &col->offs;
-    if (buf_reserve(d, (size_t)v + 16) || buf_reserve(o, 4)) return OOM(c, start, n);
-    if (v <= 16 && c->end - p >= 16)
-        memcpy(d->p + d->len, p, 16); /* a fixed-size copy: short strings are the common case */
-    else
-        memcpy(d->p + d->len, p, (size_t)v);
+    if (buf_reserve(d, (size_t)v + 64) || buf_reserve(o, 4)) return OOM(c, start, n);
+    /* Short strings (the common case) are copied in fixed-size moves, without a call into
+     * memcpy, when the message has that many bytes left (the output always has them). */
+    uint8_t *to = d->p + d->len;
+    int64_t left = c->end - p;
+    if (v <= 16 && left >= 16) {
+        memcpy(to, p, 16);
+    } else if (v <= 32 && left >= 32) {
+        memcpy(to, p, 32);
+    } else if (v <= 64 && left >= 64) {
+        memcpy(to, p, 32);
+        memcpy(to + 32, p + 32, 32);
+    } else {
+        memcpy(to, p, (size_t)v);
+    }
     d->len += (size_t)v;
     if (d->len > INT32_MAX) return FAIL(c, E_TOO_LARGE, start, n, 0);
     int32_t end = (int32_t)d->len;
