@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from _shared import SHARED_AVRO
@@ -180,7 +180,10 @@ def test_fastavro_and_arrowstash_read_each_others_files(data: st.DataObject, cod
     records = data.draw(st.lists(strategies.values_for(schema.root), max_size=30))
     parsed = fastavro.parse_schema(json.loads(schema.json))
     theirs = io.BytesIO()
-    fastavro.writer(theirs, parsed, records, codec=codec, sync_interval=64)
+    try:  # fastavro tries union branches in turn; some raise instead of declining a value
+        fastavro.writer(theirs, parsed, records, codec=codec, sync_interval=64)
+    except (ValueError, TypeError):
+        assume(False)
     table = read_ocf(theirs.getvalue())
     ours = io.BytesIO()
     write_ocf(table, ours, schema, codec=codec, block_bytes=128)
