@@ -7,6 +7,7 @@ fastavro, the reference implementation, over hypothesis-generated schemas.
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from typing import Any
@@ -20,7 +21,15 @@ from hypothesis import given, settings
 from _avro_strategies import avro_schemas
 from _shared import SHARED_AVRO
 from arrowstash import ArrowstashError, AvroSchemaError
-from arrowstash.avro import canonical_form, fingerprint, parse_schema, to_arrow_schema
+from arrowstash.avro import (
+    canonical_form,
+    decode,
+    fingerprint,
+    parse_schema,
+    read_ocf,
+    to_arrow_schema,
+    write_ocf,
+)
 from arrowstash.avro.schema import Enum, Fixed, Primitive, Record, Schema, Union
 
 SCHEMA_TESTS = SHARED_AVRO / "apache-avro/share__test__data__schema-tests.txt"
@@ -347,3 +356,52 @@ def test_named_type_used_twice_is_not_recursion() -> None:
             {"name": "b", "type": "P"}]}
     )
     assert s.arrow_schema.field("a").type == s.arrow_schema.field("b").type
+
+
+# -- Java's "$" in namespaces ----------------------------------------------------------------------
+
+INNER = {"type": "record", "name": "Inner", "namespace": "com.example.Outer$", "fields": [
+    {"name": "a", "type": "int"},
+    {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": ["X", "Y"]}},
+    {"name": "other", "type": {"type": "fixed", "name": "Id", "namespace": "com.$x.Nest$ed",
+                               "size": 2}},
+    {"name": "again", "type": "com.$x.Nest$ed.Id"},
+]}
+
+
+def test_java_inner_class_namespaces_with_dollar_are_accepted() -> None:
+    schema = parse_schema(INNER)
+    assert isinstance(schema.root, Record) and schema.root.name == "com.example.Outer$.Inner"
+    assert set(schema.names) == {"com.example.Outer$.Inner", "com.example.Outer$.Kind",
+                                 "com.$x.Nest$ed.Id"}
+    assert parse_schema(schema.json) == schema  # round trip through its JSON
+    assert parse_schema(schema.canonical_form).canonical_form == schema.canonical_form
+    reference = fastavro.schema.to_parsing_canonical_form(INNER)
+    assert schema.canonical_form == reference
+    for algorithm in ("CRC-64-AVRO", "MD5", "SHA-256"):
+        assert fingerprint(INNER, algorithm).hex() == fastavro.schema.fingerprint(reference,
+                                                                                  algorithm)
+    record = {"a": 7, "kind": "Y", "other": b"hi", "again": b"yo"}
+    buffer = io.BytesIO()
+    fastavro.schemaless_writer(buffer, fastavro.parse_schema(INNER), record)
+    batch = decode([buffer.getvalue()], schema)
+    assert batch.to_pylist() == [record]
+    container = io.BytesIO()
+    write_ocf(batch, container, codec="null")
+    assert list(fastavro.reader(io.BytesIO(container.getvalue()))) == [record]
+    assert read_ocf(container.getvalue()).to_pylist() == [record]
+    # dotted names carry their namespace too
+    dotted = parse_schema({"type": "fixed", "name": "a.B$.C", "size": 1})
+    assert dotted.canonical_form == '{"name":"a.B$.C","type":"fixed","size":1}'
+
+
+@pytest.mark.parametrize("spec", [
+    {"type": "record", "name": "Inner$", "namespace": "com.example", "fields": []},
+    {"type": "fixed", "name": "com.Outer.In$ner", "size": 1},
+    {"type": "enum", "name": "E", "namespace": "com..x", "symbols": ["A"]},
+    {"type": "enum", "name": "E", "namespace": "com.1x", "symbols": ["A"]},
+    {"type": "record", "name": "R", "fields": [{"name": "a$", "type": "int"}]},
+])
+def test_dollar_stays_out_of_names_fields_and_empty_namespace_parts(spec: Any) -> None:
+    with pytest.raises(AvroSchemaError, match=r"invalid (field )?name"):
+        parse_schema(spec)

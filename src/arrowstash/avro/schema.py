@@ -40,6 +40,9 @@ __all__ = [
 
 PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# A namespace's parts may also hold "$": Java's Avro names the namespace of an inner class's
+# schema after the outer class ("com.example.Outer$"), beyond the specification's grammar.
+_NAMESPACE_PART = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*\Z")
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
@@ -422,7 +425,7 @@ class _Parser:
                 raise self.fail(path, f"invalid namespace {ns!r}")
             fullname = f"{ns}.{name}" if ns else name
         parts = fullname.split(".")
-        if not all(_NAME.match(p) for p in parts):
+        if not _NAME.match(parts[-1]) or not all(_NAMESPACE_PART.match(p) for p in parts[:-1]):
             raise self.fail(path, f"invalid name {fullname!r}")
         if parts[-1] in PRIMITIVES and len(parts) == 1:
             raise self.fail(path, f"{fullname!r} redefines a primitive type")
