@@ -248,3 +248,17 @@ def test_pruned_keeps_what_the_reader_reads() -> None:
     table = pa.Table.from_pylist([{"label": "t1"}], schema=parse_schema(renamed).arrow_schema)
     message = _messages(NODE, [_chain(1, 1)])
     assert decode(message, NODE, reader_schema=renamed).to_pylist() == table.to_pylist()
+
+
+def test_fastavros_recursive_sample_file_reads_without_its_recursion(decoder: str) -> None:
+    from _shared import SHARED_AVRO
+
+    path = SHARED_AVRO / "fastavro" / "recursive.avro"
+    if not path.exists():
+        pytest.skip(f"{path} is not here")
+    reader = {"type": "record", "name": "LongList", "fields": [{"name": "value", "type": "long"}]}
+    with open(path, "rb") as f:
+        expected = list(fastavro.reader(f, reader_schema=reader))
+    assert read_ocf(path, reader_schema=reader).to_pylist() == expected
+    with pytest.raises(AvroSchemaError, match="recursive type 'LongList'"):
+        read_ocf(path)
