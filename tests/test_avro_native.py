@@ -25,6 +25,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(autouse=True)
+def split_small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests' batches are small: let them be split across threads all the same."""
+    monkeypatch.setattr(codec, "_MIN_BYTES_PER_THREAD", 1)
+
+
 def both(messages: Any, schema: Any, **kw: Any) -> tuple[Any, Any]:
     """(native outcome, Python outcome): each a (batch, ids) pair or the error's text."""
     parsed = parse_schema(schema)
@@ -295,3 +301,23 @@ def test_strings_of_every_length_and_a_bad_byte_at_every_position() -> None:
                 outcome[i] = str(exc)
         assert outcome[0] == outcome[1], message
         assert outcome[0] is not None and "invalid UTF-8" in outcome[0], message
+
+
+def test_small_batches_stay_on_one_thread_with_the_same_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """By default a thread gets at least 1 MiB of input; a smaller batch decodes on the calling
+    thread alone, to the same batch (and the same first error) as when it is split."""
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "s", "type": "string"}, {"name": "m", "type": {"type": "map", "values": "int"}}]}
+    messages = write(schema, [{"s": f"v{i}" * (i % 5), "m": {"k": i}} for i in range(3000)])
+    parsed = parse_schema(schema)
+    split, _ = decode_messages(messages, parsed, threads=2, native=True)
+    bad = [*messages[:2000], b"\x02", *messages[2000:]]
+    split_error = both(bad, schema, threads=2)[0]
+    monkeypatch.setattr(codec, "_MIN_BYTES_PER_THREAD", 1 << 20)
+    assert sum(map(len, messages)) < 1 << 20
+    whole, _ = decode_messages(messages, parsed, threads=2, native=True)
+    assert whole.equals(split)
+    assert both(bad, schema, threads=2)[0] == split_error == "message 2000 at byte 0: " + (
+        "truncated: string at s runs past the end of the data")

@@ -1262,7 +1262,7 @@ static PyObject *node_buffers(const Node *n, Col *col) {
 
 /* Decode segs with nthreads; returns (0, columns, ids) or (1, code, seg, datum, off, node, detail). */
 static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int validate_utf8,
-                     int confluent) {
+                     int confluent, int64_t min_bytes) {
     int nnodes = 0;
     Node *nodes = parse_plan(plan, &nnodes);
     if (!nodes) return NULL;
@@ -1275,7 +1275,10 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
     for (int64_t s = 0; s < nsegs; s++) total += segs[s].len > 0 ? segs[s].len : 0;
     if (nthreads < 1) nthreads = 1;
     if (nthreads > 64) nthreads = 64;
-    if (total < 65536 || nsegs < 2 * nthreads) nthreads = 1; /* not worth a thread */
+    /* a thread per min_bytes of input at most: starting one and merging its part costs more
+     * than it saves on less */
+    if (min_bytes > 0 && total / min_bytes < nthreads) nthreads = (int)(total / min_bytes);
+    if (nthreads < 1 || nsegs < 2 * nthreads) nthreads = 1;
     /* The chunks after the first are merged into it (copied), so the first is a thread's fair
      * share; the rest is cut finer, so that a thread the system runs late finds less left. */
     int nchunks = nthreads == 1 ? 1 : 1 + (nthreads - 1) * 4;
@@ -1368,12 +1371,13 @@ done:
     return result;
 }
 
-/* decode_list(plan, messages, counts_or_None, nthreads, validate_utf8, confluent) */
+/* decode_list(plan, messages, counts_or_None, nthreads, validate_utf8, confluent, min_bytes) */
 static PyObject *decode_list(PyObject *self, PyObject *args) {
     PyObject *plan, *messages, *counts;
     int nthreads, validate_utf8, confluent;
-    if (!PyArg_ParseTuple(args, "OOOipp", &plan, &messages, &counts, &nthreads, &validate_utf8,
-                          &confluent))
+    long long min_bytes;
+    if (!PyArg_ParseTuple(args, "OOOippL", &plan, &messages, &counts, &nthreads, &validate_utf8,
+                          &confluent, &min_bytes))
         return NULL;
     /* a tuple holds the messages alive even if the caller's list changes meanwhile */
     PyObject *items = PySequence_Tuple(messages);
@@ -1420,7 +1424,7 @@ static PyObject *decode_list(PyObject *self, PyObject *args) {
             segs[i].len = views[i].len;
         }
     }
-    result = run(plan, segs, n, nthreads, validate_utf8, confluent);
+    result = run(plan, segs, n, nthreads, validate_utf8, confluent, min_bytes);
 done:
     if (views && held)
         for (Py_ssize_t i = 0; i < n; i++)
@@ -1433,14 +1437,14 @@ done:
 }
 
 /* decode_concat(plan, data, offsets, offset_width, first, n, validity_or_None, nthreads,
- *               validate_utf8, confluent): message i = data[offsets[first+i]:offsets[first+i+1]],
- * null where bit (first + i) of validity is clear. */
+ *               validate_utf8, confluent, min_bytes): message i is
+ * data[offsets[first+i]:offsets[first+i+1]], null where bit (first + i) of validity is clear. */
 static PyObject *decode_concat(PyObject *self, PyObject *args) {
     PyObject *plan, *data, *offsets, *validity;
     int width, nthreads, validate_utf8, confluent;
-    long long first, n;
-    if (!PyArg_ParseTuple(args, "OOOiLLOipp", &plan, &data, &offsets, &width, &first, &n,
-                          &validity, &nthreads, &validate_utf8, &confluent))
+    long long first, n, min_bytes;
+    if (!PyArg_ParseTuple(args, "OOOiLLOippL", &plan, &data, &offsets, &width, &first, &n,
+                          &validity, &nthreads, &validate_utf8, &confluent, &min_bytes))
         return NULL;
     if ((width != 4 && width != 8) || first < 0 || n < 0) {
         PyErr_SetString(PyExc_ValueError, "bad offsets");
@@ -1500,7 +1504,7 @@ static PyObject *decode_concat(PyObject *self, PyObject *args) {
             segs[i].len = b - a;
         }
     }
-    result = run(plan, segs, n, nthreads, validate_utf8, confluent);
+    result = run(plan, segs, n, nthreads, validate_utf8, confluent, min_bytes);
 done:
     blk_free(segs, segs_cap);
     if (have_v) PyBuffer_Release(&vv);
@@ -1511,10 +1515,10 @@ done:
 
 static PyMethodDef methods[] = {
     {"decode_list", decode_list, METH_VARARGS,
-     "decode_list(plan, messages, counts, nthreads, validate_utf8, confluent)"},
+     "decode_list(plan, messages, counts, nthreads, validate_utf8, confluent, min_bytes)"},
     {"decode_concat", decode_concat, METH_VARARGS,
      "decode_concat(plan, data, offsets, width, first, n, validity, nthreads, validate_utf8, "
-     "confluent)"},
+     "confluent, min_bytes)"},
     {NULL, NULL, 0, NULL},
 };
 
