@@ -4,6 +4,7 @@ native and pure-Python decoders agree on values and on errors inside skipped byt
 
 from __future__ import annotations
 
+import importlib.util
 import io
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from arrowstash.avro import _cdecode, parse_schema, read_ocf
+from arrowstash.avro import parse_schema, read_ocf
 from arrowstash.avro._plan import SKIP_DEPTH
 from arrowstash.avro.codec import decode
 from arrowstash.avro.resolve import pruned
@@ -22,8 +23,9 @@ from arrowstash.errors import AvroDecodeError, AvroSchemaError
 
 fastavro = pytest.importorskip("fastavro")
 
+NATIVE = importlib.util.find_spec("arrowstash.avro._cdecode") is not None
 DECODERS = ["python", pytest.param("native", marks=pytest.mark.skipif(
-    _cdecode is None, reason="the native decoder is not built"))]
+    not NATIVE, reason="the native decoder is not built"))]
 
 NODE = {"type": "record", "name": "Node", "namespace": "list", "fields": [
     {"name": "value", "type": "long"},
@@ -208,7 +210,7 @@ def test_nesting_deeper_than_the_limit_is_refused(decoder: str) -> None:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 40), st.lists(st.tuples(st.integers(0), st.integers(0, 255)),
                                     min_size=1, max_size=3), st.booleans())
-@pytest.mark.skipif(_cdecode is None, reason="the native decoder is not built")
+@pytest.mark.skipif(not NATIVE, reason="the native decoder is not built")
 def test_both_decoders_agree_on_damaged_skipped_bytes(seed: int, flips: list[tuple[int, int]],
                                                       cut: bool) -> None:
     records = [_tree(seed % 3, f"x{seed}"), _tree(1, "y")]

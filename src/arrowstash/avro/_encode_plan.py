@@ -37,6 +37,7 @@ from arrowstash.avro.schema import (
     Array,
     AvroType,
     Enum,
+    Field,
     Fixed,
     Map,
     Primitive,
@@ -44,6 +45,7 @@ from arrowstash.avro.schema import (
     Union,
     describe,
 )
+from arrowstash.errors import AvroSchemaError
 
 # Node kinds: keep in step with the enum in _encode.c.
 (
@@ -104,6 +106,8 @@ class Plan:
     normalize_columns: list[tuple[str, Normalize]]  # input column name -> normalise
     arrow_type: Any  # the normalised type of the array root reads
     checked: set[Any] = field(default_factory=set)  # normalised types seen to fit arrow_type
+    #: fields the input has no column for: their default, as a column of a given length
+    defaults: dict[str, Callable[[int], Any]] = field(default_factory=dict)
 
     def nodes(self) -> list[Node]:
         return self.root.walk()
@@ -120,18 +124,25 @@ def compile_plan(root: AvroType, input_schema: Any) -> Plan:
         columns: list[tuple[str, Normalize]] = []
         kids, fields = [], []
         names = set(input_schema.names)
+        defaults: dict[str, Callable[[int], Any]] = {}
         for f in root.fields:
             if f.name not in names:
-                raise PlanError(f.name, f"no column {f.name!r} for the field of type "
-                                f"{describe(f.type)} (columns: {', '.join(input_schema.names)})")
-            if input_schema.get_field_index(f.name) < 0:
+                if not f.has_default:
+                    raise PlanError(f.name, f"no column {f.name!r} for the field of type "
+                                    f"{describe(f.type)}, which has no default (columns: "
+                                    f"{', '.join(input_schema.names)})")
+                defaults[f.name] = _default(f, f.name)
+                at = arrow_type(f.type)
+            elif input_schema.get_field_index(f.name) < 0:
                 raise PlanError(f.name, "the input has several columns with this name")
-            node, norm = _compile(f.type, input_schema.field(f.name).type, f.name)
+            else:
+                at = input_schema.field(f.name).type
+            node, norm = _compile(f.type, at, f.name)
             kids.append(node)
             fields.append(pa.field(f.name, node.arrow))
             columns.append((f.name, norm))
         top = Node(K_RECORD, "", root, pa.struct(fields), kids)
-        plan = Plan(top, columns, top.arrow)
+        plan = Plan(top, columns, top.arrow, defaults=defaults)
     else:
         if input_schema.names == [] or len(input_schema.names) != 1:
             raise PlanError("", f"a {describe(root)} schema encodes one column, the input has "
@@ -149,6 +160,19 @@ def compile_plan(root: AvroType, input_schema: Any) -> Plan:
 
 def _same(arr: Any) -> Any:
     return arr
+
+
+def _default(f: Field, path: str) -> Callable[[int], Any]:
+    """Columns of ``f``'s default (checked now against its type), as the spec's defaults are
+    encoded: the JSON value read per the field's schema, a union's default in its first branch
+    that takes it."""
+    from arrowstash.avro.resolve import default_array  # numpy, the avro extra, only when needed
+
+    try:
+        default_array(f.default, f.type, 0, path)
+    except AvroSchemaError as exc:
+        raise PlanError(path, str(exc)) from None
+    return lambda n: default_array(f.default, f.type, n, path)
 
 
 def _cast(to: Any) -> Normalize:
@@ -394,17 +418,25 @@ def _record(t: Record, at: Any, path: str) -> tuple[Node, Normalize]:
     if not pa.types.is_struct(at):
         raise _unfit(path, t, at)
     names = [at.field(i).name for i in range(at.num_fields)]
-    kids, norms, fields, positions = [], [], [], []
+    kids, norms, fields = [], [], []
+    positions: list[int | None] = []  # None: a field the struct lacks, filled with its default
+    defaults: dict[int, Callable[[int], Any]] = {}
     for f in t.fields:
         sub = f"{path}.{f.name}" if path else f.name
         if f.name not in names:
-            raise PlanError(sub, f"struct has no field {f.name!r} for Avro {describe(f.type)}")
-        i = names.index(f.name)
-        node, norm = _compile(f.type, at.field(i).type, sub)
+            if not f.has_default:
+                raise PlanError(sub, f"struct has no field {f.name!r} for Avro "
+                                f"{describe(f.type)}, which has no default")
+            defaults[len(positions)] = _default(f, sub)
+            positions.append(None)
+            node, norm = _compile(f.type, arrow_type(f.type), sub)
+        else:
+            i = names.index(f.name)
+            positions.append(i)
+            node, norm = _compile(f.type, at.field(i).type, sub)
         kids.append(node)
         norms.append(norm)
         fields.append(pa.field(f.name, node.arrow))
-        positions.append(i)
     want = pa.struct(fields)
     node = Node(K_RECORD, path, t, want, kids)
     in_place = positions == list(range(at.num_fields))
@@ -412,7 +444,8 @@ def _record(t: Record, at: Any, path: str) -> tuple[Node, Normalize]:
         return node, _same
 
     def rebuild(arr: Any) -> Any:
-        children = [n(arr.field(i)) for n, i in zip(norms, positions, strict=True)]
+        children = [n(arr.field(i) if i is not None else defaults[k](len(arr)))
+                    for k, (n, i) in enumerate(zip(norms, positions, strict=True))]
         mask = arr.is_null() if arr.null_count else None
         names = [f.name for f in fields]
         return pa.StructArray.from_arrays(children, names=names, mask=mask)

@@ -123,7 +123,8 @@ def _normalize(plan: Plan, batch: Any, first_row: int) -> Any:
     """The batch's columns in the layouts the plan reads: one struct array, or the one column."""
     columns = []
     for name, norm in plan.normalize_columns:
-        column = batch.column(name)
+        default = plan.defaults.get(name)
+        column = batch.column(name) if default is None else default(batch.num_rows)
         try:
             columns.append(norm(column))
         except PlanError as exc:

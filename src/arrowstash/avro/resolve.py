@@ -49,7 +49,7 @@ from arrowstash.avro.schema import (
 )
 from arrowstash.errors import AvroDecodeError, AvroSchemaError
 
-__all__ = ["pruned", "resolve"]
+__all__ = ["default_array", "pruned", "resolve"]
 
 #: Writer primitive -> the reader primitives it may be read as (besides itself).
 _PROMOTIONS = {
@@ -413,7 +413,7 @@ def _record(arr: pa.Array, w: Record, r: Record, path: str) -> pa.Array:
         if i is not None:
             children.append(_resolve(arr.field(i), w.fields[i].type, field.type, where))
         elif field.has_default:
-            children.append(_constant(field.default, field.type, len(arr), where))
+            children.append(default_array(field.default, field.type, len(arr), where))
         else:
             raise AvroSchemaError(f"{where}: the reader's field is not in the writer's "
                                   f"{_short(w.name)} and has no default")
@@ -463,8 +463,9 @@ def _map(arr: pa.Array, w: Map, r: Map, path: str) -> pa.Array:
 
 # -- defaults ------------------------------------------------------------------------------------
 
-def _constant(default: Any, t: AvroType, n: int, path: str) -> pa.Array:
-    """``n`` copies of a field's JSON default, as the reader type's Arrow array."""
+def default_array(default: Any, t: AvroType, n: int, path: str) -> pa.Array:
+    """``n`` copies of a field's JSON default as an Arrow array of type ``t``'s mapping (a
+    reader-only field when resolving; a column missing from a table being encoded)."""
     try:
         one = _one(default, t)
     except (TypeError, ValueError, KeyError, IndexError, AttributeError,
