@@ -573,3 +573,19 @@ def test_strings_of_every_length_around_the_copy_fast_paths() -> None:
         for stop in (start + 1, 141):
             assert encode(batch.slice(start, stop - start), schema).to_pylist() == (
                 expected[start:stop])
+
+
+def test_threads_whose_scratch_outgrows_its_guess() -> None:
+    """Booleans take a bit in Arrow and a byte in Avro: the threads' scratch buffers outgrow the
+    size guessed from the input, move to their own memory, and every part is then copied into
+    one output (each thread copying an equal slice, across the parts' bounds)."""
+    fields = [{"name": f"b{k}", "type": "boolean"} for k in range(64)]
+    schema = {"type": "record", "name": "Flags", "fields": fields}
+    records = [{f"b{k}": (i * 7 + k) % 3 == 0 for k in range(64)} for i in range(9000)]
+    batch = pa.RecordBatch.from_pylist(records)
+    expected = fastavro_bytes(schema, records[:50])
+    one = encode(batch, schema, threads=1)
+    for threads in (2, 3):
+        many = encode(batch, schema, threads=threads)
+        assert many.equals(one)
+    assert one.to_pylist()[:50] == expected

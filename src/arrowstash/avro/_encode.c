@@ -570,7 +570,7 @@ static int bind(Bound *b, const Node *n, const struct ArrowArray *a, int64_t ext
 /* Memory: every buffer comes from Python (pyarrow's pool: its allocator keeps freed pages, so
  * a call does not fault in fresh pages for megabytes of output). Each thread writes its rows
  * into its own scratch buffer; a single thread's scratch becomes the output as it is, several
- * threads' parts are copied (in parallel) into one output buffer. A scratch that fills up
+ * threads' parts are copied (in parallel, equal slices) into one output buffer. A scratch that fills up
  * moves to malloc'd memory, which is then copied into an output buffer too. */
 typedef struct {
     Segment *segs;
@@ -582,10 +582,13 @@ typedef struct {
     int in_place;           /* thread 0's part already lies at the start of `data` */
     int large;              /* offsets need 64 bits: they are `ends`, made absolute in place */
     int32_t *offsets32;
+    struct Task *tasks;
+    int64_t copy_from, size; /* the output bytes [copy_from, size) are copied from the parts */
 } Shared;
 
-typedef struct {
+typedef struct Task {
     Shared *sh;
+    int index;
     int64_t r0, r1;
     Writer w;
     int64_t start;          /* where this thread's bytes go in the output */
@@ -608,12 +611,21 @@ static void *encode_range(void *arg) {
     return NULL;
 }
 
+/* Each thread copies an equal slice of the bytes to copy (whichever parts they come from: with
+ * thread 0's part in place, thread 0 would have nothing to do while thread 1 copied its whole
+ * part), then makes its own rows' offsets absolute. */
 static void *copy_out(void *arg) {
     Task *t = arg;
     Shared *sh = t->sh;
-    size_t n = (size_t)(t->w.p - t->w.base);
-    if (n && !(sh->in_place && t->start == 0 && t->w.base == sh->data))
-        memcpy(sh->data + t->start, t->w.base, n);
+    int64_t span = sh->size - sh->copy_from;
+    int64_t a = sh->copy_from + span * t->index / sh->n_threads;
+    int64_t b = sh->copy_from + span * (t->index + 1) / sh->n_threads;
+    for (int k = 0; k < sh->n_threads && a < b; k++) {
+        const Task *part = &sh->tasks[k];
+        int64_t p0 = part->start, p1 = p0 + (part->w.p - part->w.base);
+        int64_t x0 = a > p0 ? a : p0, x1 = b < p1 ? b : p1;
+        if (x0 < x1) memcpy(sh->data + x0, part->w.base + (x0 - p0), (size_t)(x1 - x0));
+    }
     if (sh->large) {
         for (int64_t r = t->r0; r < t->r1; r++) sh->ends[r + 1] += t->start;
     } else {
@@ -712,6 +724,7 @@ static PyObject *py_encode(PyObject *self, PyObject *args) {
             goto done;
         n_views++;
         tasks[k].sh = &sh;
+        tasks[k].index = k;
         tasks[k].r0 = sh.total * k / n_threads;
         tasks[k].r1 = sh.total * (k + 1) / n_threads;
         tasks[k].w.base = tasks[k].w.p = views[k].buf;
@@ -756,6 +769,9 @@ static PyObject *py_encode(PyObject *self, PyObject *args) {
         sh.data = data_view.buf;
         own_data = 1;
     }
+    sh.tasks = tasks;
+    sh.size = pos;
+    sh.copy_from = sh.in_place ? tasks[0].w.p - tasks[0].w.base : 0;
     Py_BEGIN_ALLOW_THREADS
     parallel(copy_out, tasks, n_threads);
     Py_END_ALLOW_THREADS
