@@ -1261,8 +1261,18 @@ static PyObject *node_buffers(const Node *n, Col *col) {
 }
 
 /* Decode segs with nthreads; returns (0, columns, ids) or (1, code, seg, datum, off, node, detail). */
+/* Bytes of the segments before segment s, the segments lying back to back from base. */
+static int64_t bytes_before(const Seg *segs, int64_t s, int64_t nsegs, const uint8_t *base,
+                            int64_t total) {
+    return s < nsegs ? segs[s].ptr - base : total;
+}
+
+/* `base`: non-NULL when the segments lie back to back from it (one buffer and its offsets, a
+ * null message's pointer included): the sizes of ranges are then differences of pointers, so
+ * the calling thread finds the threads' ranges by bisection instead of a walk over every
+ * message before any thread starts. */
 static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int validate_utf8,
-                     int confluent, int64_t min_bytes) {
+                     int confluent, int64_t min_bytes, const uint8_t *base) {
     int nnodes = 0;
     Node *nodes = parse_plan(plan, &nnodes);
     if (!nodes) return NULL;
@@ -1272,7 +1282,10 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
         return NULL;
     }
     int64_t total = 0;
-    for (int64_t s = 0; s < nsegs; s++) total += segs[s].len > 0 ? segs[s].len : 0;
+    if (base && nsegs > 0)
+        total = segs[nsegs - 1].ptr + (segs[nsegs - 1].len > 0 ? segs[nsegs - 1].len : 0) - base;
+    else
+        for (int64_t s = 0; s < nsegs; s++) total += segs[s].len > 0 ? segs[s].len : 0;
     if (nthreads < 1) nthreads = 1;
     if (nthreads > 64) nthreads = 64;
     /* a thread per min_bytes of input at most: starting one and merging its part costs more
@@ -1307,12 +1320,22 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
         c->all_bytes = t == 0 && nchunks > 1 ? total : 0;
         c->seg_begin = s;
         int64_t goal = first + (nchunks > 1 ? (total - first) * t / (nchunks - 1) : 0);
-        if (t == nchunks - 1) s = nsegs;
-        else
+        if (t == nchunks - 1) {
+            s = nsegs;
+        } else if (base) { /* the first segment after seg_begin that starts at goal or later */
+            int64_t lo = s + 1, hi = nsegs;
+            while (lo < hi) {
+                int64_t mid = lo + (hi - lo) / 2;
+                if (bytes_before(segs, mid, nsegs, base, total) >= goal) hi = mid;
+                else lo = mid + 1;
+            }
+            s = lo < nsegs ? lo : nsegs;
+        } else {
             while (s < nsegs && (acc < goal || s == c->seg_begin)) {
                 acc += segs[s].len > 0 ? segs[s].len : 0;
                 s++;
             }
+        }
         c->seg_end = s;
         if (reset_cols(c)) failed_alloc = 1; /* offsets start at 0 */
     }
@@ -1424,7 +1447,7 @@ static PyObject *decode_list(PyObject *self, PyObject *args) {
             segs[i].len = views[i].len;
         }
     }
-    result = run(plan, segs, n, nthreads, validate_utf8, confluent, min_bytes);
+    result = run(plan, segs, n, nthreads, validate_utf8, confluent, min_bytes, NULL);
 done:
     if (views && held)
         for (Py_ssize_t i = 0; i < n; i++)
@@ -1496,15 +1519,12 @@ static PyObject *decode_concat(PyObject *self, PyObject *args) {
         }
         segs[i].count = 1;
         int64_t bit = first + i;
-        if (have_v && !(((const uint8_t *)vv.buf)[bit >> 3] & (1u << (bit & 7)))) {
-            segs[i].ptr = NULL;
-            segs[i].len = -1;
-        } else {
-            segs[i].ptr = (const uint8_t *)dv.buf + a;
-            segs[i].len = b - a;
-        }
+        segs[i].ptr = (const uint8_t *)dv.buf + a; /* a null one's too: see run() */
+        segs[i].len = b - a;
+        if (have_v && !(((const uint8_t *)vv.buf)[bit >> 3] & (1u << (bit & 7)))) segs[i].len = -1;
     }
-    result = run(plan, segs, n, nthreads, validate_utf8, confluent, min_bytes);
+    result = run(plan, segs, n, nthreads, validate_utf8, confluent, min_bytes,
+                 n > 0 ? segs[0].ptr : NULL);
 done:
     blk_free(segs, segs_cap);
     if (have_v) PyBuffer_Release(&vv);
