@@ -321,3 +321,16 @@ def test_deflate_reads_with_zlib_when_isal_is_not_installed(
         assert _rows(read_ocf(path, threads=1)) == RECORDS
     finally:
         ocf._inflater.cache_clear()
+
+
+def test_a_damaged_header_schema_is_a_decode_error(tmp_path: Path) -> None:
+    from arrowstash.avro.ocf import _header_bytes
+
+    body = _fastavro_file(tmp_path / "f.avro", "null", RECORDS[:3]).read_bytes()
+    header = header_of(body)
+    for schema, message in ((b"\xff{", "avro.schema is not UTF-8"),
+                            (b'{"type": "record"', "invalid schema: schema is not valid JSON"),
+                            (b'{"type": "recrod", "name": "R"}', "invalid schema: .*'recrod'")):
+        damaged = _header_bytes({**header.metadata, "avro.schema": schema}, header.sync)
+        with pytest.raises(AvroDecodeError, match=message):
+            read_ocf(damaged + body[header.size :])

@@ -855,8 +855,9 @@ static int merge_node(const Node *nodes, int ni, Ctx *ctxs, int nt, const int64_
     const Node *n = &nodes[ni];
     Col *out = &ctxs[0].cols[ni];
     int64_t data_base = (int64_t)out->data.len;
-    int64_t child_base[128] = {0};
-    for (int k = 0; k < n->nchildren; k++) child_base[k] = len0[n->children[k]];
+    int64_t child_base[128] = {0}; /* lists: [0]; unions: one per branch (at most 127) */
+    if (n->kind == K_ARRAY || n->kind == K_MAP || n->kind == K_UNION) /* not records: any width */
+        for (int k = 0; k < n->nchildren; k++) child_base[k] = len0[n->children[k]];
     size_t more[4] = {0}; /* reserve once: valid, data, offs, tids */
     for (int t = 1; t < nt; t++) {
         Col *col = &ctxs[t].cols[ni];

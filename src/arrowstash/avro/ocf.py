@@ -33,7 +33,7 @@ from arrowstash.avro.framing import offsets_and_data
 from arrowstash.avro.from_arrow import from_arrow_schema
 from arrowstash.avro.resolve import pruned, resolve
 from arrowstash.avro.schema import parse_schema
-from arrowstash.errors import AvroDecodeError
+from arrowstash.errors import AvroDecodeError, AvroSchemaError
 
 __all__ = ["CODECS", "Header", "header_of", "read_header", "read_ocf", "write_ocf"]
 
@@ -125,6 +125,8 @@ class Header:
             return self.metadata["avro.schema"].decode()
         except KeyError:
             raise AvroDecodeError("the file's header has no avro.schema") from None
+        except UnicodeDecodeError as exc:
+            raise AvroDecodeError(f"the file's avro.schema is not UTF-8: {exc}") from None
 
 
 def read_header(data: memoryview) -> Header:
@@ -347,7 +349,10 @@ def read_ocf(source: Source, *, threads: int | None = None,
     codec = header.codec
     if codec not in _DECOMPRESS:
         raise AvroDecodeError(f"the file uses codec {codec!r}, which is not one of {CODECS}")
-    writer = parse_schema(header.schema_json)
+    try:
+        writer = parse_schema(header.schema_json)
+    except AvroSchemaError as exc:  # a damaged header, as far as this file is concerned
+        raise AvroDecodeError(f"the file's header holds an invalid schema: {exc}") from exc
     reader = None if reader_schema is None else parse_schema(reader_schema)
     if reader is not None:  # the fields the reader drops are read past, never decoded
         writer = pruned(writer, reader)
