@@ -181,7 +181,7 @@ static inline int buf_zeros(Buf *b, size_t n) {
     return 0;
 }
 
-static inline int buf_i32(Buf *b, int32_t v) {
+static inline __attribute__((always_inline)) int buf_i32(Buf *b, int32_t v) {
     if (buf_reserve(b, 4)) return -1;
     memcpy(b->p + b->len, &v, 4);
     b->len += 4;
@@ -190,7 +190,7 @@ static inline int buf_i32(Buf *b, int32_t v) {
 
 /* Set bit i (the buffer grows zero-filled, so clearing is only growing). */
 /* Append bit i (0 or 1) of a bitmap filled in order, so that it holds ceil(i / 8) bytes. */
-static inline int bit_put(Buf *b, int64_t i, int v) {
+static inline __attribute__((always_inline)) int bit_put(Buf *b, int64_t i, int v) {
     if ((i & 7) == 0) {
         if (buf_reserve(b, 1)) return -1;
         b->p[b->len++] = (uint8_t)v;
