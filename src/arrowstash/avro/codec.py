@@ -68,8 +68,9 @@ def decode(
     ``schema_id_column`` then names an extra int32 column holding each message's schema id.
     ``reader_schema`` resolves the decoded batch to that schema (the specification's schema
     resolution). Every message must hold exactly one datum: trailing bytes are an error.
-    ``threads=None`` uses the usable cores. Raises AvroDecodeError naming the message index and
-    byte offset of the first bad message.
+    ``threads=None`` uses the usable cores; the native decoder gives each thread at least 1 MiB
+    of messages (a smaller batch decodes on the calling thread alone; the batch is the same).
+    Raises AvroDecodeError naming the message index and byte offset of the first bad message.
     """
     if schema_id_column is not None and not confluent:
         raise ValueError("schema_id_column needs confluent=True (the ids are in the header)")
