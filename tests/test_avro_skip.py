@@ -264,3 +264,27 @@ def test_fastavros_recursive_sample_file_reads_without_its_recursion(decoder: st
     assert read_ocf(path, reader_schema=reader).to_pylist() == expected
     with pytest.raises(AvroSchemaError, match="recursive type 'LongList'"):
         read_ocf(path)
+
+
+def test_container_file_columns_are_read_without_decoding_the_rest(tmp_path: Path,
+                                                                   decoder: str) -> None:
+    schema = {"type": "record", "name": "Row", "fields": [
+        {"name": "pt", "type": {"type": "record", "name": "Pt", "fields": [
+            {"name": "x", "type": "int"}]}},
+        {"name": "again", "type": "Pt"},  # defined in a column that is not read
+        {"name": "nodes", "type": ["null", NODE]},  # recursive: only readable when left out
+        {"name": "s", "type": "string"},
+    ]}
+    records = [{"pt": {"x": k}, "again": {"x": -k}, "nodes": _chain(k % 3, k), "s": f"s{k}"}
+               for k in range(50)]
+    path = tmp_path / "rows.avro"
+    with open(path, "wb") as out:
+        fastavro.writer(out, fastavro.parse_schema(schema), records, codec="deflate",
+                        sync_interval=300)
+    table = read_ocf(path, columns=["s", "again"], threads=2)
+    assert table.column_names == ["s", "again"]
+    assert table.to_pylist() == [{"s": r["s"], "again": r["again"]} for r in records]
+    with pytest.raises(KeyError, match=r"no column\(s\) \['nope'\] in the file"):
+        read_ocf(path, columns=["nope"])
+    with pytest.raises(AvroSchemaError, match=r"recursive type 'list\.Node'"):
+        read_ocf(path, columns=["nodes"])

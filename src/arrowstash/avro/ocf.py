@@ -13,6 +13,7 @@ an :class:`~arrowstash.AvroDecodeError` naming the block and the byte offset in 
 from __future__ import annotations
 
 import bz2
+import dataclasses
 import functools
 import lzma
 import os
@@ -32,7 +33,7 @@ from arrowstash.avro.encoder import encode
 from arrowstash.avro.framing import offsets_and_data
 from arrowstash.avro.from_arrow import from_arrow_schema
 from arrowstash.avro.resolve import pruned, resolve
-from arrowstash.avro.schema import parse_schema
+from arrowstash.avro.schema import Record, Schema, parse_schema
 from arrowstash.errors import AvroDecodeError, AvroSchemaError
 
 __all__ = ["CODECS", "Header", "header_of", "read_header", "read_ocf", "write_ocf"]
@@ -340,9 +341,9 @@ def read_ocf(source: Source, *, threads: int | None = None,
     """Read an Object Container File into a table.
 
     ``source`` is a path (memory-mapped), a binary file object or bytes. ``columns`` keeps only
-    those top-level fields; ``reader_schema`` resolves the writer's schema to it (added fields
-    with defaults, promotions, aliases, ...). Blocks are decompressed and decoded on
-    ``threads`` threads (default: the usable cores).
+    those top-level fields (the others are read past, not decoded); ``reader_schema`` resolves
+    the writer's schema to it (added fields with defaults, promotions, aliases, ...). Blocks are
+    decompressed and decoded on ``threads`` threads (default: the usable cores).
     """
     data = memoryview(_open(source))
     header = read_header(data)
@@ -354,6 +355,8 @@ def read_ocf(source: Source, *, threads: int | None = None,
     except AvroSchemaError as exc:  # a damaged header, as far as this file is concerned
         raise AvroDecodeError(f"the file's header holds an invalid schema: {exc}") from exc
     reader = None if reader_schema is None else parse_schema(reader_schema)
+    if reader is None and columns is not None and isinstance(writer.root, Record):
+        reader = _projection(writer, columns)
     if reader is not None:  # the fields the reader drops are read past, never decoded
         writer = pruned(writer, reader)
     blocks, broken = _blocks(data, header)
@@ -374,6 +377,19 @@ def read_ocf(source: Source, *, threads: int | None = None,
             raise KeyError(f"no column(s) {missing} in the file; it has {table.column_names}")
         table = table.select(list(columns))
     return table
+
+
+def _projection(writer: Schema, columns: Sequence[str]) -> Schema:
+    """The writer's schema cut to the top-level fields ``columns``, to read the file with: the
+    other fields are read past, never decoded."""
+    root = writer.root
+    assert isinstance(root, Record)
+    names = [f.name for f in root.fields]
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise KeyError(f"no column(s) {missing} in the file; it has {names}")
+    kept = tuple(f for f in root.fields if f.name in set(columns))
+    return Schema(dataclasses.replace(root, fields=kept), {})
 
 
 def _read_blocks(codec: str, blocks: list[_Block], writer: Any, threads: int) -> pa.RecordBatch:
