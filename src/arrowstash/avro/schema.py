@@ -2,8 +2,9 @@
 
 ``parse_schema`` accepts what users hold (a JSON string, a dict, a list for a union, or an already
 parsed ``Schema``) and resolves named types, namespaces and aliases once, so the decoder and the
-encoder walk plain objects instead of JSON. Logical types that are unknown or invalid are dropped
-to their underlying type, as the specification requires; their attributes stay in ``props``.
+encoder walk plain objects instead of JSON (the type classes live in ``_types.py`` and are
+re-exported here). Logical types that are unknown or invalid are dropped to their underlying
+type, as the specification requires; their attributes stay in ``props``.
 """
 
 from __future__ import annotations
@@ -12,10 +13,22 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from arrowstash.avro._types import (
+    Array,
+    AvroType,
+    Enum,
+    Field,
+    Fixed,
+    Map,
+    NamedType,
+    Primitive,
+    Record,
+    Union,
+    describe,
+)
 from arrowstash.errors import AvroSchemaError
 
 __all__ = [
@@ -33,6 +46,7 @@ __all__ = [
     "Schema",
     "Union",
     "canonical_form",
+    "describe",
     "fingerprint",
     "parse_schema",
     "to_arrow_schema",
@@ -43,136 +57,6 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # A namespace's parts may also hold "$": Java's Avro names the namespace of an inner class's
 # schema after the outer class ("com.example.Outer$"), beyond the specification's grammar.
 _NAMESPACE_PART = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*\Z")
-_EMPTY: Mapping[str, Any] = MappingProxyType({})
-
-
-@dataclass(frozen=True, eq=False, repr=False)
-class _Base:
-    """Common attributes; ``props`` holds attributes the parser did not interpret."""
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({describe(self)})"  # type: ignore[arg-type]
-
-
-@dataclass(frozen=True, eq=False, repr=False)
-class Primitive(_Base):
-    """null, boolean, int, long, float, double, bytes or string, maybe with a logical type."""
-
-    type: str
-    logical_type: str | None = None
-    precision: int | None = None  # decimal only
-    scale: int | None = None  # decimal only
-    props: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
-
-
-@dataclass(frozen=True, eq=False, repr=False)
-class Field:
-    """A record field; ``has_default`` tells a JSON ``null`` default from no default."""
-
-    name: str
-    type: AvroType
-    has_default: bool = False
-    default: Any = None
-    aliases: tuple[str, ...] = ()
-    doc: str | None = None
-    order: str = "ascending"
-    props: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
-
-    def __repr__(self) -> str:
-        return f"Field({self.name!r}, {describe(self.type)})"
-
-
-@dataclass(frozen=True, eq=False, repr=False)
-class Record(_Base):
-    """A record (or an ``error``); ``name`` is the fullname, ``aliases`` are fullnames too."""
-
-    name: str
-    fields: tuple[Field, ...] = ()  # set once after construction, so a record can refer to itself
-    aliases: tuple[str, ...] = ()
-    doc: str | None = None
-    props: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
-    type: str = "record"
-
-    @property
-    def namespace(self) -> str:
-        return self.name.rpartition(".")[0]
-
-
-@dataclass(frozen=True, eq=False, repr=False)
-class Enum(_Base):
-    name: str
-    symbols: tuple[str, ...]
-    default: str | None = None
-    aliases: tuple[str, ...] = ()
-    doc: str | None = None
-    props: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
-    type: str = field(default="enum", init=False)
-
-    @property
-    def namespace(self) -> str:
-        return self.name.rpartition(".")[0]
-
-
-@dataclass(frozen=True, eq=False, repr=False)
-class Fixed(_Base):
-    name: str
-    size: int
-    aliases: tuple[str, ...] = ()
-    logical_type: str | None = None
-    precision: int | None = None
-    scale: int | None = None
-    doc: str | None = None
-    props: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
-    type: str = field(default="fixed", init=False)
-
-    @property
-    def namespace(self) -> str:
-        return self.name.rpartition(".")[0]
-
-
-@dataclass(frozen=True, eq=False, repr=False)
-class Array(_Base):
-    items: AvroType
-    props: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
-    type: str = field(default="array", init=False)
-
-
-@dataclass(frozen=True, eq=False, repr=False)
-class Map(_Base):
-    values: AvroType
-    props: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
-    type: str = field(default="map", init=False)
-
-
-@dataclass(frozen=True, eq=False, repr=False)
-class Union(_Base):
-    branches: tuple[AvroType, ...]
-    type: str = field(default="union", init=False)
-
-    @property
-    def null_index(self) -> int | None:
-        """Index of the ``null`` branch, or None."""
-        for i, branch in enumerate(self.branches):
-            if branch.type == "null":
-                return i
-        return None
-
-
-AvroType = Primitive | Record | Enum | Fixed | Array | Map | Union
-NamedType = Record | Enum | Fixed
-
-
-def describe(t: AvroType) -> str:
-    """A short human name of a type for error messages: its fullname or its type."""
-    if isinstance(t, (Record, Enum, Fixed)):
-        return t.name
-    if isinstance(t, Primitive) and t.logical_type:
-        return f"{t.type}/{t.logical_type}"
-    if isinstance(t, Union):
-        return "[" + ", ".join(describe(b) for b in t.branches) + "]"
-    return t.type
-
-
 class Schema:
     """An immutable parsed Avro schema: parse once, reuse for every decode and encode.
 

@@ -1,0 +1,141 @@
+"""The parsed Avro types: immutable objects the parser builds once, so the decoder, encoder and
+resolution walk plain objects instead of JSON. Re-exported by ``arrowstash.avro.schema``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+__all__ = ["Array", "AvroType", "Enum", "Field", "Fixed", "Map", "NamedType", "Primitive",
+           "Record", "Union", "describe"]
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class _Base:
+    """Common attributes; ``props`` holds attributes the parser did not interpret."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({describe(self)})"  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Primitive(_Base):
+    """null, boolean, int, long, float, double, bytes or string, maybe with a logical type."""
+
+    type: str
+    logical_type: str | None = None
+    precision: int | None = None  # decimal only
+    scale: int | None = None  # decimal only
+    props: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Field:
+    """A record field; ``has_default`` tells a JSON ``null`` default from no default."""
+
+    name: str
+    type: AvroType
+    has_default: bool = False
+    default: Any = None
+    aliases: tuple[str, ...] = ()
+    doc: str | None = None
+    order: str = "ascending"
+    props: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+    def __repr__(self) -> str:
+        return f"Field({self.name!r}, {describe(self.type)})"
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Record(_Base):
+    """A record (or an ``error``); ``name`` is the fullname, ``aliases`` are fullnames too."""
+
+    name: str
+    fields: tuple[Field, ...] = ()  # set once after construction, so a record can refer to itself
+    aliases: tuple[str, ...] = ()
+    doc: str | None = None
+    props: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    type: str = "record"
+
+    @property
+    def namespace(self) -> str:
+        return self.name.rpartition(".")[0]
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Enum(_Base):
+    name: str
+    symbols: tuple[str, ...]
+    default: str | None = None
+    aliases: tuple[str, ...] = ()
+    doc: str | None = None
+    props: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    type: str = field(default="enum", init=False)
+
+    @property
+    def namespace(self) -> str:
+        return self.name.rpartition(".")[0]
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Fixed(_Base):
+    name: str
+    size: int
+    aliases: tuple[str, ...] = ()
+    logical_type: str | None = None
+    precision: int | None = None
+    scale: int | None = None
+    doc: str | None = None
+    props: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    type: str = field(default="fixed", init=False)
+
+    @property
+    def namespace(self) -> str:
+        return self.name.rpartition(".")[0]
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Array(_Base):
+    items: AvroType
+    props: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    type: str = field(default="array", init=False)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Map(_Base):
+    values: AvroType
+    props: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    type: str = field(default="map", init=False)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Union(_Base):
+    branches: tuple[AvroType, ...]
+    type: str = field(default="union", init=False)
+
+    @property
+    def null_index(self) -> int | None:
+        """Index of the ``null`` branch, or None."""
+        for i, branch in enumerate(self.branches):
+            if branch.type == "null":
+                return i
+        return None
+
+
+AvroType = Primitive | Record | Enum | Fixed | Array | Map | Union
+NamedType = Record | Enum | Fixed
+
+
+def describe(t: AvroType) -> str:
+    """A short human name of a type for error messages: its fullname or its type."""
+    if isinstance(t, (Record, Enum, Fixed)):
+        return t.name
+    if isinstance(t, Primitive) and t.logical_type:
+        return f"{t.type}/{t.logical_type}"
+    if isinstance(t, Union):
+        return "[" + ", ".join(describe(b) for b in t.branches) + "]"
+    return t.type
