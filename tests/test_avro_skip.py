@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _avro_strategies import write
 from arrowstash.avro import parse_schema, read_ocf
 from arrowstash.avro._plan import SKIP_DEPTH
 from arrowstash.avro.codec import decode
@@ -65,16 +66,6 @@ def _tree(depth: int, label: str) -> dict[str, Any]:
     return {"label": label, "children": kids, "weights": weights, "size": depth}
 
 
-def _messages(schema: dict[str, Any], records: list[Any]) -> list[bytes]:
-    parsed = fastavro.parse_schema(schema)
-    out = []
-    for record in records:
-        buffer = io.BytesIO()
-        fastavro.schemaless_writer(buffer, parsed, record)
-        out.append(buffer.getvalue())
-    return out
-
-
 def _fastavro_read(messages: list[bytes], writer: dict[str, Any],
                    reader: dict[str, Any]) -> list[Any]:
     w, r = fastavro.parse_schema(writer), fastavro.parse_schema(reader)
@@ -83,7 +74,7 @@ def _fastavro_read(messages: list[bytes], writer: dict[str, Any],
 
 def test_a_recursive_writer_reads_without_its_recursive_field(decoder: str) -> None:
     records = [_chain(n % 4 + 1, n) for n in range(30)] + [_chain(600, 7)]
-    messages = _messages(NODE, records)
+    messages = write(NODE, records)
     batch = decode(messages, NODE, reader_schema=NODE_READER)
     assert batch.schema == parse_schema(NODE_READER).arrow_schema
     assert batch.to_pylist() == _fastavro_read(messages, NODE, NODE_READER)
@@ -93,7 +84,7 @@ def test_a_recursive_writer_reads_without_its_recursive_field(decoder: str) -> N
 
 def test_a_recursive_tree_with_arrays_maps_and_unions(decoder: str) -> None:
     records = [_tree(d, f"r{d}") for d in range(5)]
-    messages = _messages(TREE, records)
+    messages = write(TREE, records)
     batch = decode(messages, TREE, reader_schema=TREE_READER, threads=2)
     assert batch.to_pylist() == _fastavro_read(messages, TREE, TREE_READER)
 
@@ -113,7 +104,7 @@ def test_container_file_of_a_recursive_schema(tmp_path: Path, decoder: str, code
 def test_a_reader_keeping_the_recursion_still_names_the_type() -> None:
     keeps = {**NODE, "fields": [NODE["fields"][1]]}
     with pytest.raises(AvroSchemaError, match=r"recursive type 'list\.Node' cannot map"):
-        decode(_messages(NODE, [_chain(2, 0)]), NODE, reader_schema=keeps)
+        decode(write(NODE, [_chain(2, 0)]), NODE, reader_schema=keeps)
 
 
 EVERY_KIND = {"type": "record", "name": "All", "fields": [
@@ -145,7 +136,7 @@ def test_every_kind_of_value_is_skipped(decoder: str) -> None:
     writer = {**EVERY_KIND, "fields": [
         {**f, "type": "bytes"} if f["name"] in ("dec", "uid") else f
         for f in EVERY_KIND["fields"]]}  # fastavro writes logical values from Python objects
-    messages = _messages(writer, [{**v, "uid": v["uid"].encode()} for v in values])
+    messages = write(writer, [{**v, "uid": v["uid"].encode()} for v in values])
     batch = decode(messages, EVERY_KIND, reader_schema=reader)
     assert batch.to_pylist() == [{"keep": 42}, {"keep": -1}, {"keep": 7}]
 
@@ -214,7 +205,7 @@ def test_nesting_deeper_than_the_limit_is_refused(decoder: str) -> None:
 def test_both_decoders_agree_on_damaged_skipped_bytes(seed: int, flips: list[tuple[int, int]],
                                                       cut: bool) -> None:
     records = [_tree(seed % 3, f"x{seed}"), _tree(1, "y")]
-    messages = _messages(TREE, records)
+    messages = write(TREE, records)
     damaged = []
     for m in messages:
         data = bytearray(m)
@@ -248,7 +239,7 @@ def test_pruned_keeps_what_the_reader_reads() -> None:
     renamed = {**NODE_READER, "fields": [{"name": "label", "type": "string", "aliases": ["tag"]}]}
     assert _field_names(pruned(writer, parse_schema(renamed))) == ["tag"]
     table = pa.Table.from_pylist([{"label": "t1"}], schema=parse_schema(renamed).arrow_schema)
-    message = _messages(NODE, [_chain(1, 1)])
+    message = write(NODE, [_chain(1, 1)])
     assert decode(message, NODE, reader_schema=renamed).to_pylist() == table.to_pylist()
 
 

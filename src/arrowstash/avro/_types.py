@@ -23,6 +23,17 @@ class _Base:
 
 
 @dataclass(frozen=True, eq=False, repr=False)
+class _Named(_Base):
+    """Records, enums and fixed types: ``name`` is the fullname."""
+
+    name: str
+
+    @property
+    def namespace(self) -> str:
+        return self.name.rpartition(".")[0]
+
+
+@dataclass(frozen=True, eq=False, repr=False)
 class Primitive(_Base):
     """null, boolean, int, long, float, double, bytes or string, maybe with a logical type."""
 
@@ -51,24 +62,18 @@ class Field:
 
 
 @dataclass(frozen=True, eq=False, repr=False)
-class Record(_Base):
+class Record(_Named):
     """A record (or an ``error``); ``name`` is the fullname, ``aliases`` are fullnames too."""
 
-    name: str
     fields: tuple[Field, ...] = ()  # set once after construction, so a record can refer to itself
     aliases: tuple[str, ...] = ()
     doc: str | None = None
     props: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
     type: str = "record"
 
-    @property
-    def namespace(self) -> str:
-        return self.name.rpartition(".")[0]
-
 
 @dataclass(frozen=True, eq=False, repr=False)
-class Enum(_Base):
-    name: str
+class Enum(_Named):
     symbols: tuple[str, ...]
     default: str | None = None
     aliases: tuple[str, ...] = ()
@@ -76,14 +81,9 @@ class Enum(_Base):
     props: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
     type: str = field(default="enum", init=False)
 
-    @property
-    def namespace(self) -> str:
-        return self.name.rpartition(".")[0]
-
 
 @dataclass(frozen=True, eq=False, repr=False)
-class Fixed(_Base):
-    name: str
+class Fixed(_Named):
     size: int
     aliases: tuple[str, ...] = ()
     logical_type: str | None = None
@@ -92,10 +92,6 @@ class Fixed(_Base):
     doc: str | None = None
     props: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
     type: str = field(default="fixed", init=False)
-
-    @property
-    def namespace(self) -> str:
-        return self.name.rpartition(".")[0]
 
 
 @dataclass(frozen=True, eq=False, repr=False)
