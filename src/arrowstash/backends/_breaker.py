@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 from arrowstash.errors import BackendError
 
@@ -53,3 +55,18 @@ class Breaker:
             if self._probing or self._count >= self.failures:
                 self._opened_at = time.monotonic()
                 self._probing = False
+
+    @contextlib.contextmanager
+    def guard(self, where: str, errors: tuple[type[BaseException], ...]) -> Iterator[None]:
+        """The client boundary: ``errors`` become a BackendError naming ``where`` and count as
+        failures; anything else means the server answered, so it counts as a success."""
+        self.before(where)
+        try:
+            yield
+        except errors as exc:
+            self.failure()
+            raise BackendError(f"{where} failed: {exc}") from exc
+        except BaseException:
+            self.success()  # the server answered; what it said was wrong
+            raise
+        self.success()

@@ -331,15 +331,13 @@ class FileBackend:
             return False
 
         held = take_lock(attempt, timeout)
-        if not held:
-            yield held
-            return
         try:
             yield held
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            os.close(fd)
+            if held:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                os.close(fd)
 
 
 def _reserve(fd: int, encoded: Encoded) -> int:

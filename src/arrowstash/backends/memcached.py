@@ -91,18 +91,9 @@ class MemcachedBackend:
     def __repr__(self) -> str:
         return f"MemcachedBackend({self.url!r})"
 
-    @contextlib.contextmanager
-    def _call(self, what: str) -> Iterator[None]:
-        self.breaker.before(f"memcached {what}")
-        try:
-            yield
-        except self._errors as exc:
-            self.breaker.failure()
-            raise BackendError(f"memcached {what} failed: {exc}") from exc
-        except BaseException:
-            self.breaker.success()  # the server answered; what it said was wrong
-            raise
-        self.breaker.success()
+    def _call(self, what: str) -> contextlib.AbstractContextManager[None]:
+        """The boundary: client errors become BackendErrors and feed the breaker."""
+        return self.breaker.guard(f"memcached {what}", self._errors)
 
     # memcached keys: at most 250 bytes, no spaces or control characters: hash the names
     def _generation_keys(self, key: Key) -> list[str]:
@@ -223,17 +214,15 @@ class MemcachedBackend:
                 return bool(self._client.add(name, token, expire=ttl, noreply=False))
 
         held = take_lock(attempt, timeout)
-        if not held:
-            yield held
-            return
         try:
             yield held
         finally:
-            with contextlib.suppress(BackendError), self._call("unlock"):
-                # only the owner releases; memcached has no compare-and-delete, so a lock that
-                # expired and was taken by another caller in between could be dropped early
-                if self._client.get(name) == token:
-                    self._client.delete(name, noreply=False)
+            if held:
+                with contextlib.suppress(BackendError), self._call("unlock"):
+                    # only the owner releases; memcached has no compare-and-delete, so a lock that
+                    # expired and was taken by another caller in between could be dropped early
+                    if self._client.get(name) == token:
+                        self._client.delete(name, noreply=False)
 
     def close(self) -> None:
         self._client.close()

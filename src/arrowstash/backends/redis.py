@@ -148,19 +148,9 @@ class RedisBackend:
     def __repr__(self) -> str:
         return f"RedisBackend({self.url!r})"
 
-    @contextlib.contextmanager
-    def _call(self, what: str) -> Iterator[None]:
+    def _call(self, what: str) -> contextlib.AbstractContextManager[None]:
         """The boundary: every redis-py error becomes a BackendError, and feeds the breaker."""
-        self.breaker.before(f"redis {what}")
-        try:
-            yield
-        except self._errors as exc:
-            self.breaker.failure()
-            raise BackendError(f"redis {what} failed: {exc}") from exc
-        except BaseException:
-            self.breaker.success()  # the server answered; what it said was wrong
-            raise
-        self.breaker.success()
+        return self.breaker.guard(f"redis {what}", self._errors)
 
     def _name(self, key: Key) -> str:
         return f"{self.prefix}:{_part(key.namespace)}:{_part(key.function)}:{{{key.hex}}}"
@@ -384,14 +374,12 @@ class RedisBackend:
         """``SET lock token NX PX``: expires if its owner dies, released only by its owner."""
         name, token, ttl_ms = self._lock_name(key), secrets.token_hex(16), _lock_ms(timeout)
         held = take_lock(lambda: self._run("lock", self._take(name, token, ttl_ms)), timeout)
-        if not held:
-            yield held
-            return
         try:
             yield held
         finally:
-            with contextlib.suppress(BackendError):
-                self._run("unlock", self._give_back(name, token))
+            if held:
+                with contextlib.suppress(BackendError):
+                    self._run("unlock", self._give_back(name, token))
 
     @contextlib.asynccontextmanager
     async def alock(self, key: Key, timeout: float) -> AsyncIterator[Held]:
@@ -402,14 +390,12 @@ class RedisBackend:
             return await self._arun("lock", self._take(name, token, ttl_ms))
 
         held = await atake_lock(attempt, timeout)
-        if not held:
-            yield held
-            return
         try:
             yield held
         finally:
-            with contextlib.suppress(BackendError):
-                await self._arun("unlock", self._give_back(name, token))
+            if held:
+                with contextlib.suppress(BackendError):
+                    await self._arun("unlock", self._give_back(name, token))
 
     def _lock_name(self, key: Key) -> str:
         return self._name(key) + ":lock"
