@@ -321,3 +321,57 @@ def test_small_batches_stay_on_one_thread_with_the_same_result(
     assert whole.equals(split)
     assert both(bad, schema, threads=2)[0] == split_error == "message 2000 at byte 0: " + (
         "truncated: string at s runs past the end of the data")
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=schema_and_records(max_size=12), data=st.data())
+def test_a_stream_of_blocks_decodes_like_decode_blocks(
+    case: tuple[dict[str, Any], list[Any]], data: st.DataObject
+) -> None:
+    """Blocks fed one by one to the native stream give decode_blocks' batch, or None where
+    decode_blocks raises (a flipped byte: bad structure or bad UTF-8 in any block)."""
+    schema, records = case
+    messages = write(schema, records)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(messages)), max_size=4)))
+    bounds = list(zip([0, *cuts], [*cuts, len(messages)], strict=True))
+    blocks = [(b"".join(messages[a:b]), b - a) for a, b in bounds]
+    if data.draw(st.booleans()) and any(b for b, _ in blocks):
+        i = data.draw(st.sampled_from([i for i, (b, _) in enumerate(blocks) if b]))
+        body, count = blocks[i]
+        j = data.draw(st.integers(0, len(body) - 1))
+        body = body[:j] + bytes([body[j] ^ data.draw(st.integers(1, 255))]) + body[j + 1 :]
+        blocks[i] = (body, count)
+    try:
+        expected = decode_blocks(blocks, schema, threads=1)
+    except AvroDecodeError:
+        expected = None
+    streamed = codec.decode_stream(((b, n, 0) for b, n in blocks), schema)
+    if expected is None:
+        assert streamed is None
+    else:
+        assert streamed is not None and streamed.equals(expected)
+
+
+def test_a_stream_sizes_its_buffers_from_a_guess_and_refuses_misuse() -> None:
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "s", "type": "string"}, {"name": "a", "type": {"type": "array", "items": "long"}}]}
+    messages = write(schema, [{"s": f"é{i}", "a": list(range(i % 5))} for i in range(3000)])
+    blocks = [(b"".join(messages[i : i + 100]), 100) for i in range(0, 3000, 100)]
+    size = sum(len(b) for b, _ in blocks)
+    for guess in (0, size // 10, size, size * 10):  # too small, right, too large: same batch
+        fed = codec.decode_stream(((b, n, guess) for b, n in blocks), schema)
+        assert fed is not None and fed.equals(decode_blocks(blocks, schema))
+    stream = codec._cdecode.BlockStream(codec._compiled(parse_schema(schema)).native, True)
+    assert stream.feed(blocks[0][0], 100, 0)
+    assert stream.finish() is not None
+    with pytest.raises(RuntimeError, match="not ready"):
+        stream.feed(blocks[1][0], 100, 0)
+    with pytest.raises(RuntimeError, match="not ready"):
+        stream.finish()
+    bad = codec._cdecode.BlockStream(codec._compiled(parse_schema(schema)).native, True)
+    assert not bad.feed(blocks[0][0][:-1], 100, 0)  # truncated
+    assert not bad.feed(blocks[1][0], 100, 0)  # a good block after a bad one: still failed
+    assert bad.finish() is None
+    with pytest.raises(ValueError, match="negative"):
+        codec._cdecode.BlockStream(codec._compiled(parse_schema(schema)).native, True).feed(
+            b"", -1, 0)

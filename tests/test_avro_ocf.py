@@ -334,3 +334,33 @@ def test_a_damaged_header_schema_is_a_decode_error(tmp_path: Path) -> None:
         damaged = _header_bytes({**header.metadata, "avro.schema": schema}, header.sync)
         with pytest.raises(AvroDecodeError, match=message):
             read_ocf(damaged + body[header.size :])
+
+
+def test_the_native_block_scan_finds_what_the_python_one_finds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same blocks and the same first problem, whether the C scanner walks the good blocks
+    first or not: every truncation, a bad sync marker, negative and over-long varints."""
+    from arrowstash.avro import codec
+    from arrowstash.avro.ocf import _blocks, _long, read_header
+
+    if codec._cdecode is None:
+        pytest.skip("the native Avro decoder is not built")
+    data = _valid(tmp_path)
+    header = read_header(memoryview(data))
+    first = header.size
+    second = first + len(_long(10))  # the first block's size varint starts here
+    cases = [data[:cut] for cut in range(len(data), first, -3)]
+    broken = [data[:first] + _long(-1) + data[second:],  # negative count
+              data[:second] + _long(-5) + data[second + 2:],  # negative size
+              data[:second] + b"\xff" * 10 + b"\x01" + data[second + 2:],  # 11-byte varint
+              data[:second] + b"\xff" * 9 + b"\x7f" + data[second + 2:],  # 10th byte too big
+              data[:-1] + bytes([data[-1] ^ 1])]  # the last sync marker
+    for case in cases + broken:
+        found = []
+        for native in ("1", "0"):
+            monkeypatch.setenv("ARROWSTASH_AVRO_NATIVE", native)
+            blocks, error = _blocks(memoryview(case), header)
+            found.append(([(b.index, b.offset, b.count, bytes(b.data)) for b in blocks],
+                          str(error)))
+        assert found[0] == found[1]
+        assert case not in broken or "block" in found[0][1]  # each is an error

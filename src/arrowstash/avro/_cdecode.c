@@ -1395,6 +1395,214 @@ done:
     return result;
 }
 
+/* -- a stream of blocks --------------------------------------------------------------------
+ * BlockStream decodes blocks handed over one at a time into one set of buffers: a thread that
+ * inflates a container file's blocks decodes each one while it is still in the cache and lets
+ * it go, instead of holding every inflated block until all are decoded. It only says whether
+ * the blocks were good: on a failure the caller decodes the blocks again in file order (with
+ * decode_list) to report the first error exactly as the batch decoders do. */
+
+typedef struct {
+    PyObject_HEAD
+    Node *nodes;
+    int nnodes, busy, failed, finished, presized;
+    Ctx *ctx;
+    int64_t *checked; /* per node: rows whose UTF-8 is checked */
+    int64_t done;     /* bytes decoded */
+} Stream;
+
+static void stream_dealloc(Stream *self) {
+    if (self->ctx) free_cols(self->ctx->cols, self->nnodes);
+    free(self->ctx);
+    free(self->checked);
+    free_nodes(self->nodes, self->nnodes);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int stream_init(Stream *self, PyObject *args, PyObject *kwds) {
+    PyObject *plan;
+    int validate_utf8;
+    if (!PyArg_ParseTuple(args, "Op", &plan, &validate_utf8)) return -1;
+    if (self->nodes) {
+        PyErr_SetString(PyExc_RuntimeError, "BlockStream is already initialised");
+        return -1;
+    }
+    int nnodes = 0;
+    Node *nodes = parse_plan(plan, &nnodes);
+    if (!nodes) return -1;
+    self->nodes = nodes, self->nnodes = nnodes;
+    if (nnodes < 1 || nodes[0].kind != K_RECORD) {
+        PyErr_SetString(PyExc_ValueError, "bad plan: no root record");
+        return -1;
+    }
+    self->ctx = zalloc_lines(sizeof(Ctx));
+    self->checked = calloc((size_t)nnodes, sizeof(int64_t));
+    if (!self->ctx || !self->checked) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Ctx *c = self->ctx;
+    c->nodes = nodes, c->nnodes = nnodes, c->validate_utf8 = validate_utf8;
+    c->cols = zalloc_lines((size_t)nnodes * sizeof(Col));
+    if (!c->cols || reset_cols(c)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* The strings of string nodes appended since the last check, all valid UTF-8? */
+static int new_strings_valid(Stream *self) {
+    Ctx *c = self->ctx;
+    for (int i = 0; i < c->nnodes; i++) {
+        if (c->nodes[i].kind != K_STRING) continue;
+        Col *col = &c->cols[i];
+        const int32_t *off = (const int32_t *)col->offs.p;
+        int64_t from = self->checked[i];
+        self->checked[i] = col->length;
+        if (all_ascii(col->data.p + off[from], (size_t)(off[col->length] - off[from]))) continue;
+        for (int64_t k = from; k < col->length; k++)
+            if (!utf8_ok(col->data.p + off[k], (size_t)(off[k + 1] - off[k]))) return 0;
+    }
+    return 1;
+}
+
+/* feed(block, count, bytes_left): decode count datums that fill block exactly; bytes_left
+ * guesses the decoded bytes still to come (0: unknown), to size the buffers once. Returns
+ * whether the block (and every one before it) was good. */
+static PyObject *stream_feed(Stream *self, PyObject *args) {
+    Py_buffer view;
+    long long count, left;
+    if (!self->ctx || self->finished || self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "BlockStream is not ready to feed");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "y*LL", &view, &count, &left)) return NULL;
+    if (count < 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "block counts must not be negative");
+        return NULL;
+    }
+    if (!self->failed) {
+        Ctx *c = self->ctx;
+        Seg seg = {(const uint8_t *)view.buf, (int64_t)view.len, (int64_t)count};
+        c->segs = &seg, c->seg_begin = 0, c->seg_end = 1, c->all_bytes = 0;
+        self->busy = 1;
+        Py_BEGIN_ALLOW_THREADS
+        /* left counts this block: size once a 32nd of the guessed whole is decoded */
+        if (!self->presized && left > 0 && self->done > 0 && self->done * 32 >= self->done + left) {
+            presize(c, self->done, left);
+            self->presized = 1;
+        }
+        run_range(c);
+        self->done += view.len;
+        if (c->err || (c->validate_utf8 && !new_strings_valid(self))) self->failed = 1;
+        Py_END_ALLOW_THREADS
+        self->busy = 0;
+        c->segs = NULL;
+    }
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(!self->failed);
+}
+
+/* finish(): the columns, as decode_list's result gives them; None if a block was bad. */
+static PyObject *stream_finish(Stream *self, PyObject *unused) {
+    if (!self->ctx || self->finished || self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "BlockStream is not ready to finish");
+        return NULL;
+    }
+    self->finished = 1;
+    if (self->failed) Py_RETURN_NONE;
+    PyObject *columns = PyList_New(self->nnodes);
+    if (!columns) return NULL;
+    for (int i = 0; i < self->nnodes; i++) {
+        PyObject *item = node_buffers(&self->nodes[i], &self->ctx->cols[i]);
+        if (!item) {
+            Py_DECREF(columns);
+            return NULL;
+        }
+        PyList_SET_ITEM(columns, i, item);
+    }
+    return columns;
+}
+
+static PyMethodDef stream_methods[] = {
+    {"feed", (PyCFunction)stream_feed, METH_VARARGS,
+     "feed(block, count, bytes_left) -> whether every block so far was good"},
+    {"finish", (PyCFunction)stream_finish, METH_NOARGS,
+     "finish() -> the columns, or None if a block was bad"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject StreamType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "arrowstash.avro._cdecode.BlockStream",
+    .tp_basicsize = sizeof(Stream),
+    .tp_dealloc = (destructor)stream_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "BlockStream(plan, validate_utf8): blocks decoded one by one into one batch.",
+    .tp_methods = stream_methods,
+    .tp_init = (initproc)stream_init,
+    .tp_new = PyType_GenericNew,
+};
+
+/* -- container file blocks ------------------------------------------------------------------ */
+
+/* A varint of at most 10 bytes ending before end, as a signed long; 0 if malformed. */
+static int scan_long(const uint8_t **pp, const uint8_t *end, int64_t *out) {
+    const uint8_t *p = *pp;
+    uint64_t v = 0;
+    for (int i = 0; i < 10 && p < end; i++) {
+        uint8_t b = *p++;
+        if (i == 9 && b > 1) return 0;
+        v |= (uint64_t)(b & 0x7f) << (7 * i);
+        if (b < 0x80) {
+            *pp = p;
+            *out = (int64_t)((v >> 1) ^ (0 - (v & 1)));
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* scan_blocks(data, pos, sync) -> (table, pos): the well-formed blocks from pos on, as int64
+ * quadruples (block start, datum count, payload start, payload size), and where the scan
+ * stopped: at the end, or at a block it did not accept (the caller's scanner says why). */
+static PyObject *scan_blocks(PyObject *self, PyObject *args) {
+    Py_buffer data, sync;
+    Py_ssize_t pos;
+    if (!PyArg_ParseTuple(args, "y*ny*", &data, &pos, &sync)) return NULL;
+    PyObject *result = NULL;
+    Buf out = {0};
+    if (sync.len != 16 || pos < 0 || pos > data.len) {
+        PyErr_SetString(PyExc_ValueError, "bad sync marker or position");
+        goto done;
+    }
+    const uint8_t *base = data.buf, *end = base + data.len, *p = base + pos;
+    while (p < end) {
+        const uint8_t *q = p;
+        int64_t rec[4];
+        if (!scan_long(&q, end, &rec[1]) || rec[1] < 0 || !scan_long(&q, end, &rec[3]) ||
+            rec[3] < 0 || rec[3] > end - q || end - q - rec[3] < 16 ||
+            memcmp(q + rec[3], sync.buf, 16) != 0)
+            break;
+        rec[0] = p - base;
+        rec[2] = q - base;
+        if (buf_put(&out, rec, sizeof rec)) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        p = q + rec[3] + 16;
+    }
+    result = Py_BuildValue("y#n", out.p ? (const char *)out.p : "", (Py_ssize_t)out.len,
+                           (Py_ssize_t)(p - base));
+done:
+    blk_free(out.p, out.cap);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&sync);
+    return result;
+}
+
 /* decode_list(plan, messages, counts_or_None, nthreads, validate_utf8, confluent, min_bytes) */
 static PyObject *decode_list(PyObject *self, PyObject *args) {
     PyObject *plan, *messages, *counts;
@@ -1540,6 +1748,7 @@ static PyMethodDef methods[] = {
     {"decode_concat", decode_concat, METH_VARARGS,
      "decode_concat(plan, data, offsets, width, first, n, validity, nthreads, validate_utf8, "
      "confluent, min_bytes)"},
+    {"scan_blocks", scan_blocks, METH_VARARGS, "scan_blocks(data, pos, sync) -> (table, pos)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1549,6 +1758,11 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__cdecode(void) {
     for (const char *d = "0123456789abcdefABCDEF"; *d; d++) hex_ok[(uint8_t)*d] = 1;
-    if (PyType_Ready(&CBufType) < 0) return NULL;
-    return PyModule_Create(&module);
+    if (PyType_Ready(&CBufType) < 0 || PyType_Ready(&StreamType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddObjectRef(m, "BlockStream", (PyObject *)&StreamType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

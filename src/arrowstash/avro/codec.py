@@ -14,7 +14,7 @@ import importlib
 import itertools
 import os
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -116,6 +116,43 @@ def decode_blocks(
     else:
         columns, _ = _python(plan, segments, validate_utf8, False, blocks=True)
     return _plan.assemble(plan, columns)
+
+
+def decode_stream(
+    blocks: Iterable[tuple[Any, int, int]],
+    schema: SchemaLike,
+    *,
+    validate_utf8: bool = True,
+) -> pa.RecordBatch | None:
+    """Decode blocks as an iterator hands them over (``(buffer, count, bytes_left)``, where
+    ``bytes_left`` guesses the decoded bytes of this block and the ones after it, 0 if unknown)
+    into one batch on the calling thread; None as soon as a block is bad, and the caller then
+    runs ``decode_blocks`` in order for the error. The native decoder takes each block while the
+    producer (an inflater) has just written it, so the block is read from the cache and freed
+    at once; the pure-Python one collects the blocks and calls ``decode_blocks``."""
+    plan = _compiled(parse_schema(schema))
+    if not native_available():
+        try:
+            return decode_blocks([(b, n) for b, n, _ in blocks], plan.schema, threads=1,
+                                 validate_utf8=validate_utf8)
+        except AvroDecodeError:
+            return None
+    stream = _cdecode.BlockStream(plan.native, validate_utf8)
+    for block, count, left in blocks:
+        if not stream.feed(block, count, left):
+            return None
+    columns = stream.finish()
+    return None if columns is None else _plan.assemble(plan, columns)
+
+
+def scan_blocks(data: Any, pos: int, sync: bytes) -> tuple[memoryview, int] | None:
+    """A container file's well-formed blocks from ``pos`` on, scanned natively: int64
+    quadruples (block start, datum count, payload start, payload size) and the position where
+    the scan stopped (the end, or a block it did not accept); None without the extension."""
+    if not native_available():
+        return None
+    table, stop = _cdecode.scan_blocks(data, pos, sync)
+    return memoryview(table).cast("q"), stop
 
 
 def decode_messages(

@@ -5,9 +5,10 @@ marker, then blocks: a datum count, a byte size, the (compressed) datums and the
 again. An uncompressed file's blocks are decoded in place by
 :func:`arrowstash.avro.decode_blocks`, which splits them across threads. A compressed file's
 blocks are cut into one run per thread, and each thread decompresses and decodes its own run
-(every codec here and the native decoder release the GIL), so inflating one run overlaps
-decoding another and no thread waits for all blocks to be inflated. Every structural problem is
-an :class:`~arrowstash.AvroDecodeError` naming the block and the byte offset in the file.
+block after block (every codec here and the native decoder release the GIL), so each inflated
+block is decoded from the cache and freed, and no thread waits for another. Every structural
+problem is an :class:`~arrowstash.AvroDecodeError` naming the block and the byte offset in the
+file.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import lzma
 import os
 import re
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import IO, Any, BinaryIO, TypeAlias, cast
 import pyarrow as pa
 
 from arrowstash.avro._np import numpy as np
-from arrowstash.avro.codec import decode_blocks
+from arrowstash.avro.codec import decode_blocks, decode_stream, scan_blocks
 from arrowstash.avro.encoder import encode
 from arrowstash.avro.framing import offsets_and_data
 from arrowstash.avro.from_arrow import from_arrow_schema
@@ -158,19 +159,29 @@ def read_header(data: memoryview) -> Header:
     return Header(metadata, sync, cursor.pos)
 
 
-@dataclass(frozen=True)
 class _Block:
-    index: int
-    offset: int  # of the block's count in the file
-    count: int
-    data: memoryview  # compressed datums
+    """One block: its index, where its count starts in the file, its datum count and its
+    (compressed) datums. Slots, not a dataclass: a file has thousands of blocks."""
+
+    __slots__ = ("count", "data", "index", "offset")
+
+    def __init__(self, index: int, offset: int, count: int, data: memoryview) -> None:
+        self.index, self.offset, self.count, self.data = index, offset, count, data
 
 
 def _blocks(data: memoryview, header: Header) -> tuple[list[_Block], AvroDecodeError | None]:
     """The well-formed blocks, and the error that stopped the scan early (if any): the caller
-    decodes the blocks before it, so problems are reported in file order."""
+    decodes the blocks before it, so problems are reported in file order. The native scanner
+    (when built) walks the good blocks; this one goes on from wherever it stopped, so any
+    problem is found and worded here."""
     blocks: list[_Block] = []
     cursor = _Cursor(data, header.size)
+    scanned = scan_blocks(data, header.size, header.sync)
+    if scanned is not None:
+        table, cursor.pos = scanned
+        starts, counts, payloads, sizes = (table[k::4].tolist() for k in range(4))
+        blocks = [_Block(i, start, count, data[at : at + size]) for i, (start, count, at, size)
+                  in enumerate(zip(starts, counts, payloads, sizes, strict=True))]
     while cursor.pos < len(data):
         index, start = len(blocks), cursor.pos
         try:
@@ -362,9 +373,9 @@ def read_ocf(source: Source, *, threads: int | None = None,
     blocks, broken = _blocks(data, header)
     workers = _threads(threads)
     batches = None
-    if broken is None and codec != "null" and workers > 1 and len(blocks) > 1:
+    if broken is None and codec != "null" and blocks:
         batches = _read_runs(codec, blocks, writer, workers)
-    if batches is None:  # uncompressed, one thread, or a bad block: in file order, one batch
+    if batches is None:  # uncompressed, or a bad block: in file order, one batch
         batches = [_read_blocks(codec, blocks, writer, workers)]
         if broken is not None:
             raise broken
@@ -424,20 +435,40 @@ def _runs(blocks: list[_Block], n: int) -> list[list[_Block]]:
 
 def _read_runs(codec: str, blocks: list[_Block], writer: Any,
                workers: int) -> list[pa.RecordBatch] | None:
-    """One batch per run of blocks, each run decompressed and decoded by its own thread; None
-    if any block fails (the caller then reads in file order to report the first bad one)."""
+    """One batch per run of blocks, each run decompressed and decoded by its own thread (the
+    calling thread takes the first run), block after block, so that each inflated block is
+    decoded while it is in the cache and freed at once; None if any block fails (the caller then
+    reads in file order to report the first bad one)."""
+    decompress, errors = _DECOMPRESS[codec], _DECOMPRESS_ERRORS
+    if codec == "deflate":  # the inflater itself: its errors are caught below, once per run
+        decompress, inflate_errors = _inflater()
+        errors = (*errors, *inflate_errors)
+
+    def inflated(blocks: list[_Block]) -> Iterator[tuple[Any, int, int]]:
+        packed = sum(len(block.data) for block in blocks)
+        done = raw = 0
+        for block in blocks:
+            payload = decompress(block.data)
+            size = memoryview(payload).nbytes
+            # this block's and the later ones' decoded bytes, at the ratio seen so far
+            left = (packed - done) * (raw + size) // max(done + len(block.data), 1)
+            done += len(block.data)
+            raw += size
+            yield payload, block.count, left
+
     def run(blocks: list[_Block]) -> pa.RecordBatch | None:
         try:
-            raw = [_DECOMPRESS[codec](block.data) for block in blocks]
-            return decode_blocks([(payload, block.count)
-                                  for payload, block in zip(raw, blocks, strict=True)],
-                                 writer, threads=1)
-        except (AvroDecodeError, *_DECOMPRESS_ERRORS):
+            return decode_stream(inflated(blocks), writer)
+        except errors:
             return None
 
     runs = _runs(blocks, workers)
-    with ThreadPoolExecutor(len(runs)) as pool:
-        batches = list(pool.map(run, runs))
+    if len(runs) == 1:
+        batches = [run(runs[0])]
+    else:
+        with ThreadPoolExecutor(len(runs) - 1) as pool:
+            later = pool.map(run, runs[1:])
+            batches = [run(runs[0]), *later]
     done = [batch for batch in batches if batch is not None]
     return done if len(done) == len(batches) else None
 
