@@ -286,13 +286,13 @@ def test_each_group_is_packed_and_compressed_once(monkeypatch: pytest.MonkeyPatc
     from arrowstash.serializers import _groups
 
     calls: list[list[str]] = []
-    real = _groups._pack_and_compress
+    real = _groups._pack_group
 
     def counted(part: pa.Table, *args: Any) -> list[Any]:
         calls.append(part.column_names)
         return real(part, *args)
 
-    monkeypatch.setattr(_groups, "_pack_and_compress", counted)
+    monkeypatch.setattr(_groups, "_pack_group", counted)
     table = pa.table({f"c{k}": np.arange(ROWS) % (k + 2) for k in range(12)})
     entry = _entry(table, batch_bytes=1_000_000)  # groups of three 320 KB columns
     groups = entry.meta["groups"]

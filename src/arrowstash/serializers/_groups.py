@@ -3,29 +3,33 @@
 A compressed table is written as consecutive groups of columns of about ``batch_bytes`` each,
 one IPC stream (section) per group, so a hit gets one chunk per column and nothing to join.
 Packing (see _packing) and compressing a group is independent of the others, so worker threads
-(one per core, up to four) work on the next groups while the writer writes the current one.
-Groups are handed out at most ``AHEAD`` at a time and only running tasks hold packed columns,
-which bounds the memory a store needs beyond the frame. A column larger than ``batch_bytes``
-is a group of its own, streamed in slices by the writer (Arrow compresses each slice's buffers
-in parallel); a hit widens a number column's slices into one buffer (see _packing.unpack).
+(one per core, up to four) work on the next groups while the writer writes the current one. A
+column larger than ``batch_bytes`` is a group of its own, written as slices of about
+``batch_bytes``, each packed and compressed by a worker as well; a hit widens a number column's
+slices into one buffer (see _packing.unpack). Jobs are handed out at most ``AHEAD`` at a time
+and a group's columns are packed one at a time (see _ipc_writer), which bounds the memory a
+store needs beyond the frame; all of it comes from _packing.POOL.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
 
-from arrowstash.serializers._batches import rebatch
-from arrowstash.serializers._packing import pack_whole, packer, unpack
+from arrowstash.serializers._batches import rebatch, rows_per_batch
+from arrowstash.serializers._ipc_writer import EOS, BatchWriter, supported
+from arrowstash.serializers._packing import POOL, Packer, pack_whole, packer, unpack
 
 Section = Callable[[Any], None]
 
-#: Groups handed to the workers ahead of the one being written. Enough that a worker never
+#: Jobs handed to the workers ahead of the one being written. Enough that a worker never
 #: waits for the writer to wake up (on a loaded machine each such wait costs a time slice:
 #: 2 ahead made flights' store 1.5x slower than 16). Only running tasks hold packed columns;
 #: finished ones hold compressed bytes, which the writer drains at disk speed.
@@ -70,35 +74,118 @@ def group_sections(table: pa.Table, groups: list[list[int]], batch_bytes: int,
     """Section writers: a stream holding only ``table``'s schema (writing it starts the
     workers), then one per group of columns."""
     parts = [table.select(g).replace_schema_metadata(None) for g in groups]
-    whole = [p.num_columns > 1 or p.nbytes <= batch_bytes * 1.5 for p in parts]
-    # in the workers, one thread per group; with one group, Arrow's threads per buffer
-    own = pa.ipc.IpcWriteOptions(compression=codec, use_threads=sum(whole) < 2)
-    futures: dict[int, Future[list[Any]]] = {}
-    submitted = 0  # groups before this one were handed out (a written group's future is gone)
+    queues: list[deque[Any]] = [deque() for _ in parts]
+    ended = [False] * len(parts)
+    jobs = _jobs(parts, batch_bytes, codec)
+    pending = 0  # jobs handed out and not yet written
 
-    def start(upto: int) -> None:
-        nonlocal submitted
-        for k in range(submitted, min(upto, len(parts))):
-            if whole[k]:
-                futures[k] = _workers().submit(_pack_and_compress, parts[k], codec, own)
-        submitted = max(submitted, min(upto, len(parts)))
+    def top_up(at_least: int = 0) -> None:
+        nonlocal pending
+        while pending < AHEAD or at_least > 0:
+            item = next(jobs, None)
+            if item is None:
+                return
+            k, kind, job = item
+            if kind == "end":
+                ended[k] = True
+            elif kind == "work":
+                queues[k].append(_workers().submit(job))
+                pending += 1
+            else:  # "pieces", or "write": a Section run in the writer's thread
+                queues[k].append(job)
+            at_least -= 1
 
     def section(k: int) -> Section:
         def write(sink: Any) -> None:
-            start(k + 1 + AHEAD)
-            if whole[k]:
-                for piece in futures.pop(k).result():
+            nonlocal pending
+            while queues[k] or not ended[k]:
+                if not queues[k]:
+                    top_up(at_least=1)
+                    continue
+                job = queues[k].popleft()
+                if isinstance(job, Future):
+                    pending -= 1
+                    job = job.result()
+                    top_up()
+                if callable(job):  # a section of a type written through pyarrow's writer
+                    job(sink)
+                    continue
+                for piece in job:
                     sink.write(piece)
-            else:
-                _write_sliced(parts[k], batch_bytes, sink, codec)
 
         return write
 
     def schema(sink: Any) -> None:
-        start(AHEAD)
-        write_stream(table.schema, [], sink, own)
+        top_up()
+        write_stream(table.schema, [], sink, pa.ipc.IpcWriteOptions(compression=codec))
 
     return [schema, *(section(k) for k in range(len(parts)))]
+
+
+def _jobs(parts: list[pa.Table], batch_bytes: int, codec: pa.Codec
+          ) -> Iterator[tuple[int, str, Any]]:
+    """(section, kind, job) in the order they are written: "work" for a worker (giving
+    pieces), "pieces" ready to write, "write" a Section to run in the writer's thread, "end"
+    after a section's last. A column larger than a batch is decided (packed or not) here, then
+    sliced into jobs."""
+    for k, part in enumerate(parts):
+        if part.num_columns > 1 or part.nbytes <= batch_bytes * 1.5:
+            yield k, "work", functools.partial(_pack_group, part, codec)
+        else:
+            column, field = part.column(0), part.schema.field(0)
+            found = packer(column, codec)
+            stored = field if found is None else field.with_type(found[0])
+            if supported(stored.type):
+                yield k, "pieces", [pa.schema([stored]).serialize()]
+                for values in _slices(column, batch_bytes):
+                    yield k, "work", functools.partial(_pack_slice, values, found, codec)
+                yield k, "pieces", [EOS]
+            else:
+                yield k, "write", functools.partial(_write_sliced, part, batch_bytes, codec,
+                                                    found)
+        yield k, "end", None
+
+
+def _slices(column: pa.ChunkedArray, batch_bytes: int) -> Iterator[pa.Array]:
+    """Slices of about ``batch_bytes``, starting at multiples of 64 rows of their chunk (a
+    validity bitmap is then cut, not shifted)."""
+    step = rows_per_batch(column.nbytes, len(column), batch_bytes)
+    step += -step % 64
+    for chunk in column.chunks:
+        if len(chunk) <= step * 1.5:
+            yield chunk
+        else:
+            yield from (chunk.slice(start, step) for start in range(0, len(chunk), step))
+
+
+def _pack_group(part: pa.Table, codec: pa.Codec) -> list[Any]:
+    """The stream of one packed, compressed batch of ``part``'s columns, as pieces."""
+    fields = list(part.schema)
+    if not all(supported(f.type) for f in fields):
+        return _pack_and_compress(part, codec)
+
+    def columns() -> Iterator[pa.Array]:
+        # one at a time: a column is packed, compressed and dropped before the next is packed
+        for position, column in enumerate(part.columns):
+            packed = pack_whole(column, codec)
+            if isinstance(packed, pa.ChunkedArray):  # strings from read_csv come in chunks
+                packed = packed.chunk(0) if packed.num_chunks == 1 else \
+                    pa.concat_arrays(packed.chunks, memory_pool=POOL)
+            fields[position] = fields[position].with_type(packed.type)
+            yield packed
+
+    messages = BatchWriter(codec, POOL).batch(columns(), part.num_rows)
+    POOL.release_unused()
+    return [pa.schema(fields).serialize(), *messages, EOS]
+
+
+def _pack_slice(values: pa.Array, found: tuple[pa.DataType, Packer] | None, codec: pa.Codec
+                ) -> list[Any]:
+    packed = values if found is None else found[1](values)
+    messages = BatchWriter(codec, POOL).batch([packed], len(packed))
+    del packed
+    POOL.release_unused()
+    return messages
 
 
 class _Pieces:
@@ -121,11 +208,12 @@ class _Pieces:
         pass
 
 
-def _pack_and_compress(part: pa.Table, codec: pa.Codec, options: pa.ipc.IpcWriteOptions
-                       ) -> list[Any]:
+def _pack_and_compress(part: pa.Table, codec: pa.Codec) -> list[Any]:
+    """Through pyarrow's writer, for the types _ipc_writer does not write (nested ones)."""
     # one batch: a column's chunks are joined (strings from read_csv come in several)
     packed = pa.table([pack_whole(c, codec) for c in part.columns], names=part.column_names)
     sink = _Pieces()
+    options = pa.ipc.IpcWriteOptions(compression=codec, use_threads=False)
     write_stream(packed.schema, packed.combine_chunks().to_batches(), sink, options)
     del packed
     # hand this thread's freed pages back (mimalloc keeps them per thread otherwise, and a
@@ -134,10 +222,9 @@ def _pack_and_compress(part: pa.Table, codec: pa.Codec, options: pa.ipc.IpcWrite
     return sink.pieces
 
 
-def _write_sliced(part: pa.Table, batch_bytes: int, sink: Any, codec: pa.Codec) -> None:
+def _write_sliced(part: pa.Table, batch_bytes: int, codec: pa.Codec,
+                  found: tuple[pa.DataType, Packer] | None, sink: Any) -> None:
     options = pa.ipc.IpcWriteOptions(compression=codec, use_threads=True)
-    column = part.column(0)
-    found = packer(column, codec)
     slices = rebatch(iter(part.to_batches()), batch_bytes)
     if found is None:
         return write_stream(part.schema, slices, sink, options)

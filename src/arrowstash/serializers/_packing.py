@@ -25,6 +25,11 @@ MIN_TABLE_BYTES = 256 << 10
 #: length of the float32 check (bounding its temporaries).
 SAMPLE_ROWS = 1 << 16
 
+#: Where packing (and _ipc_writer's compression) allocates: the system allocator, which gives
+#: large blocks back when they are freed. pyarrow's default pool (mimalloc) keeps freed pages
+#: per thread for a while, which made a store's peak memory several times its working set.
+POOL = pa.system_memory_pool()
+
 _SIGNED = (pa.int8(), pa.int16(), pa.int32())
 _UNSIGNED = (pa.uint8(), pa.uint16(), pa.uint32())
 
@@ -63,9 +68,10 @@ def packer(column: pa.ChunkedArray, codec: pa.Codec) -> tuple[pa.DataType, Packe
 
 
 def _compresses_smaller(column: pa.ChunkedArray, target: pa.DataType, codec: pa.Codec) -> bool:
-    sample = column.slice(0, SAMPLE_ROWS // 4).combine_chunks()
-    packed = pc.cast(sample, target, safe=False)
-    return len(codec.compress(_values(packed))) <= len(codec.compress(_values(sample)))
+    sample = pa.concat_arrays(column.slice(0, SAMPLE_ROWS // 4).chunks, memory_pool=POOL)
+    packed = pc.cast(sample, target, safe=False, memory_pool=POOL)
+    return len(codec.compress(_values(packed), memory_pool=POOL)) <= \
+        len(codec.compress(_values(sample), memory_pool=POOL))
 
 
 def _values(array: pa.Array) -> pa.Buffer:
@@ -80,12 +86,12 @@ def _is_string(column: pa.ChunkedArray) -> bool:
 
 
 def _cast_to(target: pa.DataType) -> Packer:
-    return lambda values: pc.cast(values, target, safe=False)
+    return lambda values: pc.cast(values, target, safe=False, memory_pool=POOL)
 
 
 def _narrow_integers(column: pa.ChunkedArray) -> pa.DataType | None:
     """The narrowest integer type (of the same signedness) holding the column's range."""
-    bounds = pc.min_max(column)
+    bounds = pc.min_max(column, memory_pool=POOL)
     low, high = bounds["min"].as_py(), bounds["max"].as_py()
     for target in _UNSIGNED if pa.types.is_unsigned_integer(column.type) else _SIGNED:
         if target.bit_width >= column.type.bit_width:
@@ -121,7 +127,7 @@ def _all_float32(column: pa.ChunkedArray) -> bool:
 
 def _few_distinct(column: pa.ChunkedArray) -> bool:
     sample = column.slice(0, SAMPLE_ROWS)
-    return bool(pc.count_distinct(sample, mode="all").as_py() * 2 <= len(sample))
+    return bool(pc.count_distinct(sample, mode="all", memory_pool=POOL).as_py() * 2 <= len(sample))
 
 
 def _dictionary(column: pa.ChunkedArray) -> Any:
@@ -133,14 +139,18 @@ def _dictionary(column: pa.ChunkedArray) -> Any:
         return column
     index = next(i for i in _SIGNED if size <= _limits(i)[1] + 1)
     return pa.DictionaryArray.from_arrays(
-        pc.cast(encoded.indices, index, safe=False), encoded.dictionary, safe=False
+        pc.cast(encoded.indices, index, safe=False, memory_pool=POOL), encoded.dictionary,
+        safe=False
     )
 
 
 def _encode(values: Any) -> pa.DictionaryArray:
-    encoded = pc.dictionary_encode(values)
+    encoded = pc.dictionary_encode(values, memory_pool=POOL)
     # the chunks of an encoded column share one dictionary: joining them copies only indices
-    return encoded.combine_chunks() if isinstance(encoded, pa.ChunkedArray) else encoded
+    # (ChunkedArray.combine_chunks allocates a dictionary's indices from the default pool)
+    if isinstance(encoded, pa.ChunkedArray):
+        return pa.concat_arrays(encoded.chunks, memory_pool=POOL)
+    return encoded
 
 
 def unpack(column: pa.ChunkedArray, t: pa.DataType) -> pa.ChunkedArray:
