@@ -375,3 +375,26 @@ def test_a_stream_sizes_its_buffers_from_a_guess_and_refuses_misuse() -> None:
     with pytest.raises(ValueError, match="negative"):
         codec._cdecode.BlockStream(codec._compiled(parse_schema(schema)).native, True).feed(
             b"", -1, 0)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bad_utf8_far_into_a_range_is_found_by_the_periodic_check(threads: int) -> None:
+    """Ranges past 32 KB are checked for UTF-8 every 32 KB as they are read: a bad string in any
+    stretch (first, middle, last), alone or after a structural error, is reported like the
+    pure-Python decoder reports it."""
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "n", "type": "long"}, {"name": "s", "type": "string"},
+        {"name": "t", "type": {"type": "array", "items": "string"}}]}
+    messages = write(schema, [{"n": i, "s": f"ü-{i:05d}-" + "x" * 40, "t": ["é" * (i % 4)]}
+                              for i in range(4000)])
+    for bad in (3, 1700, 3999):
+        broken = list(messages)
+        broken[bad] = broken[bad].replace("ü".encode(), b"\xc3\x28")  # not a continuation byte
+        native, python = both(broken, schema, threads=threads)
+        assert isinstance(python, str) and f"message {bad} " in python
+        assert native == python
+        earlier = list(broken)
+        earlier[bad // 2] = earlier[bad // 2][:-1]  # a truncated message before it
+        assert both(earlier, schema, threads=threads)[0] == both(earlier, schema)[1]
+    native, python = both(messages, schema, threads=threads)
+    assert_same(native, python)

@@ -52,6 +52,7 @@ typedef struct { uint8_t *p; size_t len, cap; } Buf;
 typedef struct Col {
     Buf valid, data, offs, tids; /* validity bits, values (or bits), int32 offsets, int8 ids */
     int64_t length, nulls;
+    int64_t checked; /* strings: the values whose UTF-8 is checked */
 } Col;
 
 typedef struct { const uint8_t *ptr; int64_t len, count; } Seg; /* len < 0: a null message */
@@ -60,7 +61,7 @@ typedef struct Ctx {
     const Node *nodes;
     int nnodes, validate_utf8, confluent;
     int strict_utf8; /* check each string as it is read (else whole columns after the range) */
-    int utf8_bad;    /* the check after the range found invalid UTF-8 */
+    int utf8_bad;    /* a check of the strings read so far found invalid UTF-8 */
     Col *cols;
     const uint8_t *start, *end;
     const Seg *segs;
@@ -724,14 +725,18 @@ static int all_ascii(const uint8_t *p, size_t n) {
     return !(acc & 0x8080808080808080ULL);
 }
 
-/* After a range decoded without per-string checks: is every string valid UTF-8? */
+/* Without per-string checks: are the strings read since the last call valid UTF-8? Called
+ * every UTF8_EVERY bytes of input, so that the strings are checked while still in the cache. */
+#define UTF8_EVERY ((int64_t)32 << 10)
 static int strings_valid(Ctx *c) {
     for (int i = 0; i < c->nnodes; i++) {
         if (c->nodes[i].kind != K_STRING) continue;
         Col *col = &c->cols[i];
-        if (all_ascii(col->data.p, col->data.len)) continue;
         const int32_t *off = (const int32_t *)col->offs.p;
-        for (int64_t k = 0; k < col->length; k++)
+        int64_t from = col->checked;
+        col->checked = col->length;
+        if (all_ascii(col->data.p + off[from], (size_t)(off[col->length] - off[from]))) continue;
+        for (int64_t k = from; k < col->length; k++)
             if (!utf8_ok(col->data.p + off[k], (size_t)(off[k + 1] - off[k]))) return 0;
     }
     return 1;
@@ -742,7 +747,7 @@ static int reset_cols(Ctx *c) {
     for (int i = 0; i < c->nnodes; i++) {
         Col *col = &c->cols[i];
         col->valid.len = col->data.len = col->offs.len = col->tids.len = 0;
-        col->length = col->nulls = 0;
+        col->length = col->nulls = col->checked = 0;
         int k = c->nodes[i].kind;
         if ((k == K_BYTES || k == K_STRING || k == K_ARRAY || k == K_MAP) &&
             buf_i32(&col->offs, 0))
@@ -769,11 +774,19 @@ static void run_range(Ctx *c) {
     int64_t total = 0, done = 0;
     for (int64_t s = c->seg_begin; s < c->seg_end; s++)
         total += c->segs[s].len > 0 ? c->segs[s].len : 0;
-    int64_t probe = c->seg_begin + (c->seg_end - c->seg_begin) / 32;
+    int64_t probe = c->seg_begin + (c->seg_end - c->seg_begin) / 32, checked = 0;
+    int check = c->validate_utf8 && !c->strict_utf8;
     const Node *root = &c->nodes[0];
     for (int64_t s = c->seg_begin; s < c->seg_end; s++) {
         if (s == probe && s > c->seg_begin)
             presize(c, done, (c->all_bytes ? c->all_bytes : total) - done);
+        if (check && done - checked >= UTF8_EVERY) {
+            checked = done;
+            if (!strings_valid(c)) {
+                c->utf8_bad = 1;
+                return;
+            }
+        }
         const Seg *seg = &c->segs[s];
         done += seg->len > 0 ? seg->len : 0;
         c->err_seg = s;
@@ -810,13 +823,15 @@ static void run_range(Ctx *c) {
     }
 }
 
-/* A range with UTF-8 checked after the fact; on any error or bad string, decode the range
- * again checking each string as it is read, so the first error is the one reported. */
+/* A range with UTF-8 checked after the fact (every few kilobytes); on any error or bad
+ * string, decode the range again checking each string as it is read, so the first error is the
+ * one reported. */
 static void run_segments(Ctx *c) {
     c->strict_utf8 = 0;
+    c->utf8_bad = 0;
     run_range(c);
     if (!c->validate_utf8) return;
-    if (!c->err && strings_valid(c)) return;
+    if (!c->err && !c->utf8_bad && strings_valid(c)) return;
     c->err = 0;
     c->strict_utf8 = 1;
     if (reset_cols(c)) {
@@ -1407,14 +1422,12 @@ typedef struct {
     Node *nodes;
     int nnodes, busy, failed, finished, presized;
     Ctx *ctx;
-    int64_t *checked; /* per node: rows whose UTF-8 is checked */
     int64_t done;     /* bytes decoded */
 } Stream;
 
 static void stream_dealloc(Stream *self) {
     if (self->ctx) free_cols(self->ctx->cols, self->nnodes);
     free(self->ctx);
-    free(self->checked);
     free_nodes(self->nodes, self->nnodes);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -1436,8 +1449,7 @@ static int stream_init(Stream *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     self->ctx = zalloc_lines(sizeof(Ctx));
-    self->checked = calloc((size_t)nnodes, sizeof(int64_t));
-    if (!self->ctx || !self->checked) {
+    if (!self->ctx) {
         PyErr_NoMemory();
         return -1;
     }
@@ -1449,22 +1461,6 @@ static int stream_init(Stream *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     return 0;
-}
-
-/* The strings of string nodes appended since the last check, all valid UTF-8? */
-static int new_strings_valid(Stream *self) {
-    Ctx *c = self->ctx;
-    for (int i = 0; i < c->nnodes; i++) {
-        if (c->nodes[i].kind != K_STRING) continue;
-        Col *col = &c->cols[i];
-        const int32_t *off = (const int32_t *)col->offs.p;
-        int64_t from = self->checked[i];
-        self->checked[i] = col->length;
-        if (all_ascii(col->data.p + off[from], (size_t)(off[col->length] - off[from]))) continue;
-        for (int64_t k = from; k < col->length; k++)
-            if (!utf8_ok(col->data.p + off[k], (size_t)(off[k + 1] - off[k]))) return 0;
-    }
-    return 1;
 }
 
 /* feed(block, count, bytes_left): decode count datums that fill block exactly; bytes_left
@@ -1496,7 +1492,7 @@ static PyObject *stream_feed(Stream *self, PyObject *args) {
         }
         run_range(c);
         self->done += view.len;
-        if (c->err || (c->validate_utf8 && !new_strings_valid(self))) self->failed = 1;
+        if (c->err || c->utf8_bad || (c->validate_utf8 && !strings_valid(c))) self->failed = 1;
         Py_END_ALLOW_THREADS
         self->busy = 0;
         c->segs = NULL;
