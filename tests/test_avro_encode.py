@@ -575,6 +575,55 @@ def test_strings_of_every_length_around_the_copy_fast_paths() -> None:
                 expected[start:stop])
 
 
+def test_strings_and_varints_inside_arrays_and_maps() -> None:
+    """Arrays and maps of leaves have code of their own in the native encoder (one reservation
+    per array, keys and values interleaved): strings across the copy bounds and longs of every
+    varint width, also beyond the 8-byte word the encoder writes them as, give fastavro's bytes
+    and the Python encoder's."""
+    schema = {"type": "record", "name": "C", "fields": [
+        {"name": "tags", "type": {"type": "array", "items": "string"}},
+        {"name": "counts", "type": {"type": "map", "values": "long"}},
+        {"name": "ints", "type": {"type": "array", "items": "int"}},
+        {"name": "names", "type": {"type": "map", "values": "string"}},
+        {"name": "x", "type": "long"}, {"name": "y", "type": ["null", "int"]}]}
+    longs = [s * (2**k + d) for k in range(63) for d in (-1, 0, 1) for s in (1, -1)]
+    longs = [v for v in longs if -(2**63) <= v < 2**63] + [2**63 - 1, -(2**63)]
+    ints = [v for v in longs if -(2**31) <= v < 2**31]
+    records = [{
+        "tags": ["t" * ((k * 7 + j) % 140) for j in range(k % 4)],
+        "counts": {"k" * (k % 70) + str(j): longs[(k + j) % len(longs)] for j in range(k % 3)},
+        "ints": [ints[(k + j) % len(ints)] for j in range(k % 5)],
+        "names": {str(j): "v" * ((k + 31 * j) % 100) for j in range(k % 3)},
+        "x": longs[k % len(longs)], "y": None if k % 5 == 0 else ints[k % len(ints)],
+    } for k in range(len(longs) + 20)]
+    expected = fastavro_bytes(schema, records)
+    batch = to_batch(parse_schema(schema), records)
+    assert encode(batch, schema).to_pylist() == expected
+    assert encode(batch.slice(7, 200), schema).to_pylist() == expected[7:207]
+
+
+@needs_native
+def test_the_output_grows_at_row_starts_long_strings_arrays_and_maps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The native encoder checks the room left at the start of a row and at each string of 64
+    bytes or more, array and map (which reserve their own bytes). From a scratch of one byte
+    (per thread), it grows at each of those places, keeping the bytes written so far."""
+    fields = [{"name": "b", "type": "boolean"}, {"name": "s", "type": "string"},
+              {"name": "l", "type": {"type": "array", "items": "string"}},
+              {"name": "m", "type": {"type": "map", "values": "string"}}]
+    schema = {"type": "record", "name": "G", "fields": fields}
+    records = [{"b": i % 3 == 0, "s": "s" * (i % 300), "l": ["l" * (i % 90)] * (i % 3),
+                "m": {"k": "m" * (i % 130)}} for i in range(6000)]
+    expected = fastavro_bytes(schema, records)
+    batch = to_batch(parse_schema(schema), records)
+    monkeypatch.setattr(encoder_module, "_scratch_guess", lambda arrays, rows: 1)
+    for threads in (1, 2, 3):
+        assert encode(batch, schema, threads=threads).to_pylist() == expected
+    for start in range(0, 60, 7):  # each row's encoding starts from a one-byte scratch
+        assert encode(batch.slice(start, 1), schema).to_pylist() == expected[start : start + 1]
+
+
 def test_threads_whose_scratch_outgrows_its_guess() -> None:
     """Booleans take a bit in Arrow and a byte in Avro: the threads' scratch buffers outgrow the
     size guessed from the input, move to their own memory, and every part is then copied into

@@ -66,7 +66,7 @@ def encode(data: Any, schema: SchemaLike, *, threads: int | None = None) -> Any:
     capsules = [a.__arrow_c_array__()[1] for a in arrays]
     # Scratch from Arrow's pool (which reuses freed pages). The first thread's scratch is sized
     # for the whole output and becomes it: the other threads' parts are copied after its own.
-    guess = sum(a.nbytes for a in arrays) + 8 * row + 4096
+    guess = _scratch_guess(arrays, row)
     scratch = [pa.allocate_buffer(guess, resizable=True)]
     scratch += [pa.allocate_buffer(guess // n_threads + 4096) for _ in range(n_threads - 1)]
     data, offsets, large, size, error = native.encode(
@@ -78,6 +78,12 @@ def encode(data: Any, schema: SchemaLike, *, threads: int | None = None) -> Any:
         data.resize(size, shrink_to_fit=True)  # in place: the pool shrinks without moving
     kind = pa.large_binary() if large else pa.binary()
     return pa.Array.from_buffers(kind, row, [None, offsets, data])
+
+
+def _scratch_guess(arrays: Sequence[Any], rows: int) -> int:
+    """Bytes of scratch for the output: the input's size and 8 a row (the native encoder grows
+    a scratch that fills up, and the output shrinks to its size in place)."""
+    return int(sum(a.nbytes for a in arrays)) + 8 * rows + 4096
 
 
 _cencode: Any
