@@ -116,8 +116,8 @@ def _all_float32(column: pa.ChunkedArray) -> bool:
 
     for chunk in column.chunks:
         values = chunk.to_numpy(zero_copy_only=True)
-        for start in range(0, len(values), SAMPLE_ROWS):
-            part = values[start : start + SAMPLE_ROWS]
+        for start in range(0, len(values), SAMPLE_ROWS // 4):
+            part = values[start : start + SAMPLE_ROWS // 4]
             with np.errstate(over="ignore"):  # a value too large for float32: inf, unequal
                 back = part.astype(np.float32).astype(np.float64)
             if not np.array_equal(back.view(np.int64), part.view(np.int64)):
@@ -133,15 +133,18 @@ def _few_distinct(column: pa.ChunkedArray) -> bool:
 def _dictionary(column: pa.ChunkedArray) -> Any:
     """The column dictionary-encoded (one dictionary) with the narrowest indices, or as it is
     if most values are distinct."""
-    encoded = _encode(column)
-    size = len(encoded.dictionary)
+    encoded = pc.dictionary_encode(column, memory_pool=POOL)
+    chunks = encoded.chunks if isinstance(encoded, pa.ChunkedArray) else [encoded]
+    dictionary = chunks[-1].dictionary  # every chunk's, as dictionary_encode makes them
+    size = len(dictionary)
     if size * 2 > len(column):
         return column
     index = next(i for i in _SIGNED if size <= _limits(i)[1] + 1)
-    return pa.DictionaryArray.from_arrays(
-        pc.cast(encoded.indices, index, safe=False, memory_pool=POOL), encoded.dictionary,
-        safe=False
-    )
+    # narrowed chunk by chunk, then joined: the int32 indices are never copied whole
+    indices = [pc.cast(chunk.indices, index, safe=False, memory_pool=POOL) for chunk in chunks]
+    del encoded, chunks
+    joined = indices[0] if len(indices) == 1 else pa.concat_arrays(indices, memory_pool=POOL)
+    return pa.DictionaryArray.from_arrays(joined, dictionary, safe=False)
 
 
 def _encode(values: Any) -> pa.DictionaryArray:
