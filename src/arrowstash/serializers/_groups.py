@@ -18,7 +18,7 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -29,11 +29,14 @@ from arrowstash.serializers._packing import POOL, Packer, pack_whole, packer, un
 
 Section = Callable[[Any], None]
 
-#: Jobs handed to the workers ahead of the one being written. Enough that a worker never
-#: waits for the writer to wake up (on a loaded machine each such wait costs a time slice:
-#: 2 ahead made flights' store 1.5x slower than 16). Only running tasks hold packed columns;
-#: finished ones hold compressed bytes, which the writer drains at disk speed.
+#: Jobs handed to the workers ahead of the one being written, and the bytes of the columns
+#: they cover. Enough that a worker never waits for the writer to wake up (on a loaded machine
+#: each such wait costs a time slice: 2 ahead made flights' store 1.5x slower than 16). Only
+#: running jobs hold packed columns; finished ones hold compressed bytes until the writer gets
+#: to them, which on a busy disk can be many: the bytes bound what they hold (up to about
+#: AHEAD_BYTES, for incompressible columns).
 AHEAD = 16
+AHEAD_BYTES = 64 << 20
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -77,11 +80,10 @@ def group_sections(table: pa.Table, groups: list[list[int]], batch_bytes: int,
     queues: list[deque[Any]] = [deque() for _ in parts]
     ended = [False] * len(parts)
     jobs = _jobs(parts, batch_bytes, codec)
-    pending = 0  # jobs handed out and not yet written
+    pending = [0, 0]  # jobs handed out and not yet written, and their columns' bytes
 
     def top_up(at_least: int = 0) -> None:
-        nonlocal pending
-        while pending < AHEAD or at_least > 0:
+        while (pending[0] < AHEAD and pending[1] < AHEAD_BYTES) or at_least > 0:
             item = next(jobs, None)
             if item is None:
                 return
@@ -89,23 +91,25 @@ def group_sections(table: pa.Table, groups: list[list[int]], batch_bytes: int,
             if kind == "end":
                 ended[k] = True
             elif kind == "work":
-                queues[k].append(_workers().submit(job))
-                pending += 1
+                work, nbytes = job
+                queues[k].append((_workers().submit(work), nbytes))
+                pending[0] += 1
+                pending[1] += nbytes
             else:  # "pieces", or "write": a Section run in the writer's thread
                 queues[k].append(job)
             at_least -= 1
 
     def section(k: int) -> Section:
         def write(sink: Any) -> None:
-            nonlocal pending
             while queues[k] or not ended[k]:
                 if not queues[k]:
                     top_up(at_least=1)
                     continue
                 job = queues[k].popleft()
-                if isinstance(job, Future):
-                    pending -= 1
-                    job = job.result()
+                if isinstance(job, tuple):
+                    pending[0] -= 1
+                    pending[1] -= job[1]
+                    job = job[0].result()
                     top_up()
                 if callable(job):  # a section of a type written through pyarrow's writer
                     job(sink)
@@ -124,13 +128,13 @@ def group_sections(table: pa.Table, groups: list[list[int]], batch_bytes: int,
 
 def _jobs(parts: list[pa.Table], batch_bytes: int, codec: pa.Codec
           ) -> Iterator[tuple[int, str, Any]]:
-    """(section, kind, job) in the order they are written: "work" for a worker (giving
-    pieces), "pieces" ready to write, "write" a Section to run in the writer's thread, "end"
-    after a section's last. A column larger than a batch is decided (packed or not) here, then
-    sliced into jobs."""
+    """(section, kind, job) in the order they are written: "work" for a worker (a function
+    giving pieces, and the bytes of the columns it packs), "pieces" ready to write, "write" a
+    Section to run in the writer's thread, "end" after a section's last. A column larger than
+    a batch is decided (packed or not) here, then sliced into jobs."""
     for k, part in enumerate(parts):
         if part.num_columns > 1 or part.nbytes <= batch_bytes * 1.5:
-            yield k, "work", functools.partial(_pack_group, part, codec)
+            yield k, "work", (functools.partial(_pack_group, part, codec), part.nbytes)
         else:
             column, field = part.column(0), part.schema.field(0)
             found = packer(column, codec)
@@ -138,7 +142,8 @@ def _jobs(parts: list[pa.Table], batch_bytes: int, codec: pa.Codec
             if supported(stored.type):
                 yield k, "pieces", [pa.schema([stored]).serialize()]
                 for values in _slices(column, batch_bytes):
-                    yield k, "work", functools.partial(_pack_slice, values, found, codec)
+                    yield k, "work", (functools.partial(_pack_slice, values, found, codec),
+                                      values.nbytes)
                 yield k, "pieces", [EOS]
             else:
                 yield k, "write", functools.partial(_write_sliced, part, batch_bytes, codec,
