@@ -70,7 +70,9 @@ def _peak(fn: Callable[[], Any]) -> int:
 def rss_child(make: Make, load: Load, name: str, source: str, folder: str) -> None:
     df = load(source)
     c = make(name, Path(folder))
-    c.store(df.head(1000))  # imports and first calls outside the measurement
+    # imports and first calls outside the measurement: enough rows that a compressed store
+    # takes the packed path and starts its worker threads, as any later store finds them
+    c.store(df.head(20_000))
     for fmt in c.formats:
         c.hit(fmt)
     c.clear()

@@ -178,6 +178,7 @@ def _pack_group(part: pa.Table, codec: pa.Codec) -> list[Any]:
                     pa.concat_arrays(packed.chunks, memory_pool=POOL)
             fields[position] = fields[position].with_type(packed.type)
             yield packed
+            del packed
 
     messages = BatchWriter(codec, POOL).batch(columns(), part.num_rows)
     POOL.release_unused()

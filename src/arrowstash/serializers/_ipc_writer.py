@@ -66,7 +66,9 @@ class BatchWriter:
         pieces: list[Any] = []
         body = _Body(self._codec, self._pool)
         dictionary_id = -1
-        for column in _columns(columns, length):
+        for column in columns:
+            if len(column) != length:
+                raise ValueError(f"a column of {len(column)} rows in a batch of {length}")
             if isinstance(column, pa.DictionaryArray):
                 dictionary_id += 1
                 values = _Body(self._codec, self._pool)
@@ -74,6 +76,7 @@ class BatchWriter:
                 pieces += self._message(values, len(column.dictionary), dictionary_id)
                 column = column.indices
             body.add(self._plain(column))
+            del column  # before the next is made
         pieces += self._message(body, length, None)
         return pieces
 
@@ -110,13 +113,6 @@ class BatchWriter:
                                    (4, header), (8, struct.pack("<q", body.size))]))
         metadata += _PADS[-len(metadata) % 8]
         return [b"\xff\xff\xff\xff" + struct.pack("<i", len(metadata)) + metadata, *body.pieces]
-
-
-def _columns(columns: Iterable[pa.Array], length: int) -> Iterable[pa.Array]:
-    for column in columns:
-        if len(column) != length:
-            raise ValueError(f"a column of {len(column)} rows in a batch of {length}")
-        yield column
 
 
 def _aligned(array: pa.Array) -> bool:
