@@ -101,6 +101,29 @@ def test_incompressible_buffers_are_stored_as_they_are() -> None:
     assert _read(data).equals(table)
 
 
+@pytest.mark.parametrize("codec", ["zstd", "lz4"])
+def test_large_incompressible_buffers_are_not_compressed_at_all(codec: str) -> None:
+    """Three samples of a large buffer decide: noise is written as it is without compressing
+    it whole (compression would allocate a result of about its size)."""
+    noise = np.random.default_rng(4).integers(0, 256, 4 << 20, dtype=np.uint8)
+    table = pa.table({"noise": pa.array(noise)})
+    before = POOL.total_bytes_allocated()
+    data = _stream(table, codec)
+    assert POOL.total_bytes_allocated() - before < 1 << 20
+    at = data.find(noise.tobytes())
+    assert at > 0 and struct.unpack_from("<q", data, at - 8)[0] == -1
+    assert _read(data).equals(table)
+
+
+def test_a_buffer_compressible_anywhere_the_samples_look_is_compressed() -> None:
+    values = np.random.default_rng(5).integers(0, 256, 4 << 20, dtype=np.uint8)
+    values[: 1 << 20] = 0  # the first sample compresses; the rest is noise
+    table = pa.table({"mixed": pa.array(values)})
+    data = _stream(table, "zstd")
+    assert len(data) < values.nbytes * 0.9
+    assert _read(data).equals(table)
+
+
 def test_nested_types_are_left_to_pyarrow() -> None:
     assert not supported(pa.list_(pa.int64()))
     assert not supported(pa.struct([("a", pa.int8())]))
