@@ -624,6 +624,36 @@ def test_the_output_grows_at_row_starts_long_strings_arrays_and_maps(
         assert encode(batch.slice(start, 1), schema).to_pylist() == expected[start : start + 1]
 
 
+@needs_native
+def test_native_output_memory_is_reused_once_released(users: Any) -> None:
+    """The native encoder writes into memory of its own and takes it back when Arrow releases
+    the output: a later call writes into the same pages (no page faults), never into an array
+    still alive."""
+    batch, expected = users
+    first = encode(batch, USER, threads=1)
+    address = first.buffers()[2].address
+    second = encode(batch, USER, threads=1)
+    assert second.buffers()[2].address != address
+    assert first.to_pylist() == second.to_pylist() == expected
+    del first
+    third = encode(batch, USER, threads=1)
+    assert third.buffers()[2].address == address
+    assert third.to_pylist() == expected
+
+
+@needs_native
+def test_an_output_too_large_to_be_kept_is_trimmed_to_its_size() -> None:
+    """Over 64 MiB the output is not kept for reuse, and its scratch's unused end goes back to
+    the system: the datums are unchanged by that."""
+    schema = {"type": "record", "name": "T", "fields": [{"name": "s", "type": "string"}]}
+    text = pa.array([f"{i:07d}" * 150 for i in range(70_000)])  # 1,050 bytes each
+    batch = pa.RecordBatch.from_arrays([text], names=["s"])
+    out = encode(batch, schema, threads=2)
+    assert out.buffers()[2].size == 70_000 * (2 + 1050) > 64 << 20
+    for i in (0, 34_999, 35_000, 69_999):
+        assert out[i].as_py() == b"\xb4\x10" + text[i].as_py().encode()
+
+
 def test_threads_whose_scratch_outgrows_its_guess() -> None:
     """Booleans take a bit in Arrow and a byte in Avro: the threads' scratch buffers outgrow the
     size guessed from the input, move to their own memory, and every part is then copied into

@@ -107,8 +107,7 @@ typedef struct {
 } Segment;
 
 typedef struct Writer {
-    uint8_t *base, *p, *end;
-    int owned;              /* base was malloc'd here (the scratch outgrew its Arrow buffer) */
+    uint8_t *base, *p, *end; /* a block from blk_alloc, `end - base` bytes */
     int64_t row;
     int failed;
     int64_t err_row, err_node, err_code, err_index, err_value;
@@ -116,13 +115,76 @@ typedef struct Writer {
 
 /* ---------------------------------------------------------------- primitives */
 
+/* Reused memory. A fresh page costs a page fault (and the kernel's zeroing) on its first write:
+ * Arrow's pool hands its freed pages back to the system after a while, so an encode called now
+ * and then (a batch of 100,000 userdata rows: 12 MB out, 16 MB of scratch) spent a quarter of
+ * its time in page faults. Blocks of BLK_MIN bytes or more are kept when freed (the output's
+ * once Arrow releases it, scratch after a call), up to BLK_KEEP bytes in all, and later calls
+ * take them (best fit, at most 4 times too large). */
+#define BLK_MIN ((size_t)64 << 10)
+#define BLK_KEEP ((size_t)64 << 20)
+#define BLK_SLOTS 32
+static struct { void *p; size_t cap; } blk_slot[BLK_SLOTS];
+static int blk_count;
+static size_t blk_bytes;
+static pthread_mutex_t blk_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* A block of at least *cap bytes (*cap becomes its size), or NULL. */
+static void *blk_alloc(size_t *cap) {
+    void *p = NULL;
+    if (*cap < 64) *cap = 64;
+    if (*cap >= BLK_MIN) {
+        pthread_mutex_lock(&blk_mu);
+        int best = -1;
+        for (int i = 0; i < blk_count; i++)
+            if (blk_slot[i].cap >= *cap && blk_slot[i].cap / 4 <= *cap &&
+                (best < 0 || blk_slot[i].cap < blk_slot[best].cap))
+                best = i;
+        if (best >= 0) {
+            p = blk_slot[best].p;
+            *cap = blk_slot[best].cap;
+            blk_bytes -= *cap;
+            blk_slot[best] = blk_slot[--blk_count];
+        }
+        pthread_mutex_unlock(&blk_mu);
+    }
+    return p ? p : malloc(*cap);
+}
+
+/* Keep (or free) a block; a larger block pushes out smaller kept ones when there is no room. */
+static void blk_free(void *p, size_t cap) {
+    if (p == NULL || cap < BLK_MIN || cap > BLK_KEEP) {
+        free(p);
+        return;
+    }
+    void *drop[BLK_SLOTS];
+    int n_drop = 0, kept = 0;
+    pthread_mutex_lock(&blk_mu);
+    while (blk_count > 0 && (blk_count == BLK_SLOTS || blk_bytes + cap > BLK_KEEP)) {
+        int small = 0;
+        for (int i = 1; i < blk_count; i++)
+            if (blk_slot[i].cap < blk_slot[small].cap) small = i;
+        if (blk_slot[small].cap >= cap) break;
+        drop[n_drop++] = blk_slot[small].p;
+        blk_bytes -= blk_slot[small].cap;
+        blk_slot[small] = blk_slot[--blk_count];
+    }
+    if (blk_count < BLK_SLOTS && blk_bytes + cap <= BLK_KEEP) {
+        blk_slot[blk_count].p = p;
+        blk_slot[blk_count++].cap = cap;
+        blk_bytes += cap;
+        kept = 1;
+    }
+    pthread_mutex_unlock(&blk_mu);
+    for (int i = 0; i < n_drop; i++) free(drop[i]);
+    if (!kept) free(p);
+}
+
 static __attribute__((noinline, cold)) int grow(Writer *w, size_t need) {
     size_t used = (size_t)(w->p - w->base);
-    size_t cap = (size_t)(w->end - w->base);
-    size_t want = cap ? cap * 2 : 1 << 16;
+    size_t want = (size_t)(w->end - w->base) * 2;
     while (want - used < need) want *= 2;
-    uint8_t *nb = w->owned ? realloc(w->base, want) : malloc(want);
-    if (nb != NULL && !w->owned && used) memcpy(nb, w->base, used);
+    uint8_t *nb = blk_alloc(&want);
     if (nb == NULL) {
         w->failed = 1;
         w->err_row = w->row;
@@ -130,10 +192,11 @@ static __attribute__((noinline, cold)) int grow(Writer *w, size_t need) {
         w->err_code = E_NOMEM;
         return -1;
     }
+    if (used) memcpy(nb, w->base, used);
+    blk_free(w->base, (size_t)(w->end - w->base));
     w->base = nb;
     w->p = nb + used;
     w->end = nb + want;
-    w->owned = 1;
     return 0;
 }
 
@@ -850,11 +913,11 @@ static int flatten(const Bound *b, int64_t base, Column *out) {
 
 /* ---------------------------------------------------------------- threads */
 
-/* Memory: every buffer comes from Python (pyarrow's pool: its allocator keeps freed pages, so
- * a call does not fault in fresh pages for megabytes of output). Each thread writes its rows
- * into its own scratch buffer; a single thread's scratch becomes the output as it is, several
- * threads' parts are copied (in parallel, equal slices) into one output buffer. A scratch that fills up
- * moves to malloc'd memory, which is then copied into an output buffer too. */
+/* Memory: every buffer is a block (blk_alloc). Each thread writes its rows into its own scratch
+ * block; thread 0's (sized for the whole output) becomes the output when it has the room, the
+ * other threads' parts are copied after its own (in parallel, equal slices), or every part is
+ * copied into a new block. The output and its offsets go to Python as Block objects, which give
+ * their block back when Arrow releases them. */
 typedef struct {
     Segment *segs;
     int n_segs;
@@ -874,7 +937,8 @@ typedef struct Task {
     int index;
     int64_t r0, r1;
     Writer w;
-    int64_t start;          /* where this thread's bytes go in the output */
+    const uint8_t *part;    /* this thread's bytes, `len` of them, going to `start` in the output */
+    int64_t len, start;
 } Task;
 
 static void *encode_range(void *arg) {
@@ -905,9 +969,9 @@ static void *copy_out(void *arg) {
     int64_t b = sh->copy_from + span * (t->index + 1) / sh->n_threads;
     for (int k = 0; k < sh->n_threads && a < b; k++) {
         const Task *part = &sh->tasks[k];
-        int64_t p0 = part->start, p1 = p0 + (part->w.p - part->w.base);
+        int64_t p0 = part->start, p1 = p0 + part->len;
         int64_t x0 = a > p0 ? a : p0, x1 = b < p1 ? b : p1;
-        if (x0 < x1) memcpy(sh->data + x0, part->w.base + (x0 - p0), (size_t)(x1 - x0));
+        if (x0 < x1) memcpy(sh->data + x0, part->part + (x0 - p0), (size_t)(x1 - x0));
     }
     if (sh->large) {
         for (int64_t r = t->r0; r < t->r1; r++) sh->ends[r + 1] += t->start;
@@ -933,52 +997,73 @@ static void parallel(void *(*fn)(void *), Task *tasks, int n) {
 
 /* ---------------------------------------------------------------- the Python entry point */
 
+typedef struct {
+    PyObject_HEAD
+    uint8_t *p;
+    Py_ssize_t len;
+    size_t cap;
+} Block;
 
-/* A writable buffer of `size` bytes from allocate(size); NULL with an exception set. */
-static PyObject *allocate_view(PyObject *allocate, int64_t size, Py_buffer *view) {
-    PyObject *buf = PyObject_CallFunction(allocate, "L", (long long)size);
-    if (buf == NULL) return NULL;
-    if (PyObject_GetBuffer(buf, view, PyBUF_WRITABLE) < 0) {
-        Py_DECREF(buf);
-        return NULL;
-    }
-    if (view->len < size) {
-        PyBuffer_Release(view);
-        Py_DECREF(buf);
-        PyErr_SetString(PyExc_ValueError, "allocate returned a buffer that is too small");
-        return NULL;
-    }
-    return buf;
+static void block_dealloc(Block *self) {
+    blk_free(self->p, self->cap);
+    Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* encode(plan, capsules, scratch, allocate)
- *   -> (data, offsets, large, size, None) or (None, None, 0, 0, (row, node, code, value)) */
+static int block_getbuffer(Block *self, Py_buffer *view, int flags) {
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->p, self->len, 1, flags);
+}
+
+static PyBufferProcs block_as_buffer = {(getbufferproc)block_getbuffer, NULL};
+
+static PyTypeObject BlockType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "arrowstash.avro._cencode.Block",
+    .tp_basicsize = sizeof(Block),
+    .tp_dealloc = (destructor)block_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_as_buffer = &block_as_buffer,
+    .tp_doc = "Bytes written by the native Avro encoder; the memory is reused once released.",
+};
+
+/* A Block owning *p's `cap` bytes, of which `len` are used (*p becomes NULL), or NULL. */
+static PyObject *block_take(uint8_t **p, int64_t len, size_t cap) {
+    Block *o = PyObject_New(Block, &BlockType);
+    if (o == NULL) return NULL;
+    o->p = *p;
+    o->len = (Py_ssize_t)len;
+    o->cap = cap;
+    *p = NULL;
+    return (PyObject *)o;
+}
+
+/* encode(plan, capsules, threads, guess)
+ *   -> (data, offsets, large, size, None) or (None, None, 0, 0, (row, node, code, value)):
+ * thread 0's scratch has `guess` bytes, the others' guess / threads. */
 static PyObject *py_encode(PyObject *self, PyObject *args) {
-    PyObject *plan, *caps, *scratch, *allocate;
+    PyObject *plan, *caps;
+    int n_threads;
+    long long guess;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!O!O!O", &PyTuple_Type, &plan, &PyList_Type, &caps,
-                          &PyList_Type, &scratch, &allocate))
+    if (!PyArg_ParseTuple(args, "O!O!iL", &PyTuple_Type, &plan, &PyList_Type, &caps, &n_threads,
+                          &guess))
         return NULL;
-    int n_threads = (int)PyList_GET_SIZE(scratch);
     int n_segs = (int)PyList_GET_SIZE(caps);
-    if (n_threads < 1 || n_threads > 256) {
-        PyErr_SetString(PyExc_ValueError, "between 1 and 256 scratch buffers");
+    if (n_threads < 1 || n_threads > 256 || guess < 0) {
+        PyErr_SetString(PyExc_ValueError, "between 1 and 256 threads, and a guess >= 0");
         return NULL;
     }
     Node root;
     Segment *segs = NULL;
     Task *tasks = NULL;
-    Py_buffer *views = NULL;
-    int n_views = 0;
     Shared sh;
-    Py_buffer ends_view, offs_view, data_view;
-    PyObject *ends_obj = NULL, *offs_obj = NULL, *data_obj = NULL, *result = NULL;
+    size_t ends_cap = 0, offs_cap = 0, data_cap = 0;
+    uint8_t *ends = NULL, *offs = NULL, *data = NULL;
+    PyObject *data_obj = NULL, *offs_obj = NULL, *result = NULL;
     memset(&sh, 0, sizeof(sh));
     if (parse_node(plan, &root) < 0) goto done;
     segs = calloc((size_t)n_segs + 1, sizeof(Segment));
     tasks = calloc((size_t)n_threads, sizeof(Task));
-    views = calloc((size_t)n_threads, sizeof(Py_buffer));
-    if (segs == NULL || tasks == NULL || views == NULL) {
+    if (segs == NULL || tasks == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -1007,20 +1092,26 @@ static PyObject *py_encode(PyObject *self, PyObject *args) {
     sh.segs = segs;
     sh.n_segs = n_segs;
     sh.n_threads = n_threads;
-    ends_obj = allocate_view(allocate, (sh.total + 1) * 8, &ends_view);
-    if (ends_obj == NULL) goto done;
-    sh.ends = ends_view.buf;
+    ends_cap = (size_t)(sh.total + 1) * 8;
+    ends = blk_alloc(&ends_cap);
+    if (ends == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    sh.ends = (int64_t *)ends;
     sh.ends[0] = 0;
     for (int k = 0; k < n_threads; k++) {
-        if (PyObject_GetBuffer(PyList_GET_ITEM(scratch, k), &views[k], PyBUF_WRITABLE) < 0)
-            goto done;
-        n_views++;
+        size_t cap = (size_t)(k == 0 ? guess : guess / n_threads + 4096);
         tasks[k].sh = &sh;
         tasks[k].index = k;
         tasks[k].r0 = sh.total * k / n_threads;
         tasks[k].r1 = sh.total * (k + 1) / n_threads;
-        tasks[k].w.base = tasks[k].w.p = views[k].buf;
-        tasks[k].w.end = tasks[k].w.base + views[k].len;
+        tasks[k].w.base = tasks[k].w.p = blk_alloc(&cap);
+        if (tasks[k].w.base == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        tasks[k].w.end = tasks[k].w.base + cap;
     }
     Py_BEGIN_ALLOW_THREADS
     parallel(encode_range, tasks, n_threads);
@@ -1042,48 +1133,65 @@ static PyObject *py_encode(PyObject *self, PyObject *args) {
     }
     int64_t pos = 0;
     for (int k = 0; k < n_threads; k++) {
+        tasks[k].part = tasks[k].w.base;
+        tasks[k].len = tasks[k].w.p - tasks[k].w.base;
         tasks[k].start = pos;
-        pos += tasks[k].w.p - tasks[k].w.base;
+        pos += tasks[k].len;
     }
     sh.large = pos > INT32_MAX;
     if (!sh.large) {
-        offs_obj = allocate_view(allocate, (sh.total + 1) * 4, &offs_view);
-        if (offs_obj == NULL) goto done;
-        sh.offsets32 = offs_view.buf;
+        offs_cap = (size_t)(sh.total + 1) * 4;
+        offs = blk_alloc(&offs_cap);
+        if (offs == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        sh.offsets32 = (int32_t *)offs;
         sh.offsets32[0] = 0;
     }
-    int own_data = 0;
-    if (!tasks[0].w.owned && views[0].len >= pos) {
+    if (tasks[0].w.end - tasks[0].w.base >= pos) {
         /* thread 0's scratch is the output: its part stays, the others are copied after it */
-        data_obj = PyList_GET_ITEM(scratch, 0);
-        Py_INCREF(data_obj);
-        sh.data = views[0].buf;
+        data = tasks[0].w.base;
+        data_cap = (size_t)(tasks[0].w.end - tasks[0].w.base);
+        tasks[0].w.base = NULL;
         sh.in_place = 1;
     } else {
-        data_obj = allocate_view(allocate, pos ? pos : 1, &data_view);
-        if (data_obj == NULL) goto done;
-        sh.data = data_view.buf;
-        own_data = 1;
+        data_cap = (size_t)pos;
+        data = blk_alloc(&data_cap);
+        if (data == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
     }
+    sh.data = data;
     sh.tasks = tasks;
     sh.size = pos;
-    sh.copy_from = sh.in_place ? tasks[0].w.p - tasks[0].w.base : 0;
+    sh.copy_from = sh.in_place ? tasks[0].len : 0;
     Py_BEGIN_ALLOW_THREADS
     parallel(copy_out, tasks, n_threads);
     Py_END_ALLOW_THREADS
-    if (own_data) PyBuffer_Release(&data_view);
-    result = Py_BuildValue("(OOiLO)", data_obj, sh.large ? ends_obj : offs_obj, sh.large,
-                           (long long)pos, Py_None);
+    if (data_cap > BLK_KEEP && (size_t)pos < data_cap) {
+        /* too large to be kept for reuse: give the scratch's unused end back to the system */
+        uint8_t *fit = realloc(data, pos ? (size_t)pos : 1);
+        if (fit != NULL) {
+            data = fit;
+            data_cap = pos ? (size_t)pos : 1;
+        }
+    }
+    data_obj = block_take(&data, pos, data_cap);
+    offs_obj = sh.large ? block_take(&ends, (sh.total + 1) * 8, ends_cap)
+                        : block_take(&offs, (sh.total + 1) * 4, offs_cap);
+    if (data_obj != NULL && offs_obj != NULL)
+        result = Py_BuildValue("(OOiLO)", data_obj, offs_obj, sh.large, (long long)pos, Py_None);
 done:
-    if (ends_obj) PyBuffer_Release(&ends_view);
-    if (offs_obj) PyBuffer_Release(&offs_view);
-    Py_XDECREF(ends_obj);
-    Py_XDECREF(offs_obj);
     Py_XDECREF(data_obj);
-    for (int k = 0; k < n_views; k++) PyBuffer_Release(&views[k]);
+    Py_XDECREF(offs_obj);
+    blk_free(data, data_cap);
+    blk_free(offs, offs_cap);
+    blk_free(ends, ends_cap);
     if (tasks)
         for (int k = 0; k < n_threads; k++)
-            if (tasks[k].w.owned) free(tasks[k].w.base);
+            blk_free(tasks[k].w.base, (size_t)(tasks[k].w.end - tasks[k].w.base));
     if (segs)
         for (int s = 0; s < n_segs; s++)
             if (segs[s].root) {
@@ -1091,7 +1199,6 @@ done:
                 free(segs[s].root);
                 free(segs[s].cols);
             }
-    free(views);
     free(tasks);
     free(segs);
     free_node(&root);
@@ -1100,13 +1207,16 @@ done:
 
 static PyMethodDef methods[] = {
     {"encode", py_encode, METH_VARARGS,
-     "encode(plan, arrays, scratch, allocate) -> (data, offsets, large, size, error): the Avro "
+     "encode(plan, arrays, threads, guess) -> (data, offsets, large, size, error): the Avro "
      "datums of the rows of the Arrow arrays (C Data Interface capsules), one per row, back to "
-     "back; one thread per scratch buffer."},
+     "back, as buffer objects; `guess`: the expected output size."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cencode",
                                     "Native Avro encoder over Arrow buffers.", -1, methods};
 
-PyMODINIT_FUNC PyInit__cencode(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__cencode(void) {
+    if (PyType_Ready(&BlockType) < 0) return NULL;
+    return PyModule_Create(&module);
+}

@@ -64,25 +64,19 @@ def encode(data: Any, schema: SchemaLike, *, threads: int | None = None) -> Any:
         return _encode_python(plan.root, arrays)
     n_threads = _thread_count(threads, row)
     capsules = [a.__arrow_c_array__()[1] for a in arrays]
-    # Scratch from Arrow's pool (which reuses freed pages). The first thread's scratch is sized
-    # for the whole output and becomes it: the other threads' parts are copied after its own.
-    guess = _scratch_guess(arrays, row)
-    scratch = [pa.allocate_buffer(guess, resizable=True)]
-    scratch += [pa.allocate_buffer(guess // n_threads + 4096) for _ in range(n_threads - 1)]
-    data, offsets, large, size, error = native.encode(
-        plan.native, capsules, scratch, pa.allocate_buffer
+    data, offsets, large, _, error = native.encode(
+        plan.native, capsules, n_threads, _scratch_guess(arrays, row)
     )
     if error is not None:
         raise _describe_native_error(plan, arrays, error)
-    if data is scratch[0]:
-        data.resize(size, shrink_to_fit=True)  # in place: the pool shrinks without moving
+    # the native encoder's own memory, read in place (it takes the memory back once released)
     kind = pa.large_binary() if large else pa.binary()
-    return pa.Array.from_buffers(kind, row, [None, offsets, data])
+    return pa.Array.from_buffers(kind, row, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 def _scratch_guess(arrays: Sequence[Any], rows: int) -> int:
     """Bytes of scratch for the output: the input's size and 8 a row (the native encoder grows
-    a scratch that fills up, and the output shrinks to its size in place)."""
+    a scratch that fills up)."""
     return int(sum(a.nbytes for a in arrays)) + 8 * rows + 4096
 
 
