@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 enum { K_NULL, K_BOOL, K_INT, K_LONG, K_FLOAT, K_DOUBLE, K_BYTES, K_STRING, K_FIXED, K_ENUM,
        K_UUID_STR, K_DEC_BYTES, K_DEC_FIXED, K_DURATION, K_RECORD, K_ARRAY, K_MAP, K_UNION,
@@ -91,7 +92,7 @@ static inline int buf_reserve(Buf *b, size_t extra) {
  * that grow that large take them. */
 #define BLK_MIN ((size_t)64 << 10)
 #define BLK_KEEP ((size_t)128 << 20)
-#define BLK_SLOTS 64
+#define BLK_SLOTS 256
 static struct { void *p; size_t cap; } blk_slot[BLK_SLOTS];
 static int blk_count;
 static size_t blk_bytes;
@@ -863,88 +864,121 @@ static int bits_append(Buf *dst, int64_t dst_bits, const Buf *src, int64_t nbits
     return 0;
 }
 
-/* Append node ni of threads 1.. to thread 0's buffers (thread order = row order), so only the
- * later threads' parts are copied. len0 holds thread 0's lengths from before any merge, so
- * nodes merge independently (and in parallel). */
-static int merge_node(const Node *nodes, int ni, Ctx *ctxs, int nt, const int64_t *len0) {
+/* The chunks after the first are appended to chunk 0's buffers (chunk order = row order), so
+ * only their parts are copied. The merge is cut into tasks that run in parallel: one per node
+ * and later chunk, copying that chunk's values, offsets (rebased) and type ids to the place
+ * merge_prep computed for them, and one per node with bitmaps, appending every chunk's bits in
+ * turn (neighbouring chunks share a byte there). pre holds chunk 0's columns from before the
+ * merge. */
+
+static int has_bitmaps(const Node *n) { return n->null_branch >= 0 || n->kind == K_BOOL; }
+
+/* Node ni's totals: check the int32 offsets, reserve the buffers once and set their final
+ * sizes (the bitmaps grow as their task appends). 0, -1 out of memory, -2 too large. */
+static int merge_prep(const Node *nodes, int ni, Ctx *ctxs, int nt, const Col *pre) {
     const Node *n = &nodes[ni];
     Col *out = &ctxs[0].cols[ni];
-    int64_t data_base = (int64_t)out->data.len;
-    int64_t child_base[128] = {0}; /* lists: [0]; unions: one per branch (at most 127) */
-    if (n->kind == K_ARRAY || n->kind == K_MAP || n->kind == K_UNION) /* not records: any width */
-        for (int k = 0; k < n->nchildren; k++) child_base[k] = len0[n->children[k]];
-    size_t more[4] = {0}; /* reserve once: valid, data, offs, tids */
+    int64_t rows = out->length, nulls = out->nulls, child = 0;
+    size_t data = 0, offs = 0, tids = 0;
+    if (n->kind == K_ARRAY || n->kind == K_MAP) {
+        child = pre[n->children[0]].length;
+        for (int t = 1; t < nt; t++) child += ctxs[t].cols[n->children[0]].length;
+    }
     for (int t = 1; t < nt; t++) {
         Col *col = &ctxs[t].cols[ni];
-        more[0] += col->valid.len + 1, more[1] += col->data.len + 1;
-        more[2] += col->offs.len, more[3] += col->tids.len;
+        rows += col->length, nulls += col->nulls;
+        data += col->data.len, tids += col->tids.len;
+        offs += (size_t)col->length * 4;
     }
-    if (buf_reserve(&out->valid, more[0]) || buf_reserve(&out->data, more[1]) ||
-        buf_reserve(&out->offs, more[2]) || buf_reserve(&out->tids, more[3]))
+    if (n->kind == K_BOOL) data = 0; /* a bitmap: its task appends it */
+    if ((n->kind == K_BYTES || n->kind == K_STRING) && (int64_t)(out->data.len + data) > INT32_MAX)
+        return -2;
+    if (child > INT32_MAX) return -2;
+    size_t bits = (size_t)((rows + 7) >> 3);
+    if (buf_reserve(&out->data, data + (n->kind == K_BOOL ? bits : 0)) ||
+        buf_reserve(&out->offs, offs) || buf_reserve(&out->tids, tids) ||
+        (n->null_branch >= 0 && buf_reserve(&out->valid, bits)))
         return -1;
-    for (int t = 1; t < nt; t++) {
-        Col *col = &ctxs[t].cols[ni];
-        if (n->null_branch >= 0 && bits_append(&out->valid, out->length, &col->valid, col->length))
-            return -1;
-        switch (n->kind) {
-        case K_NULL: case K_RECORD: break;
-        case K_BOOL:
-            if (bits_append(&out->data, out->length, &col->data, col->length)) return -1;
-            break;
-        case K_BYTES: case K_STRING: case K_ARRAY: case K_MAP: {
-            int bytes_like = n->kind == K_BYTES || n->kind == K_STRING;
-            int64_t base = bytes_like ? data_base : child_base[0];
-            if (base + (bytes_like ? (int64_t)col->data.len : 0) > INT32_MAX) return -2;
-            const int32_t *src = (const int32_t *)col->offs.p;
-            int32_t *dst = (int32_t *)(out->offs.p + out->offs.len);
-            for (int64_t i = 1; i <= col->length; i++) dst[i - 1] = (int32_t)(src[i] + base);
-            out->offs.len += (size_t)col->length * 4;
-            if (bytes_like) {
-                if (col->data.len) buf_put(&out->data, col->data.p, col->data.len);
-                data_base += (int64_t)col->data.len;
-            } else {
-                child_base[0] += ctxs[t].cols[n->children[0]].length;
-                if (child_base[0] > INT32_MAX) return -2;
-            }
-            break;
-        }
-        case K_UNION: {
-            if (col->tids.len) buf_put(&out->tids, col->tids.p, col->tids.len);
-            const int32_t *src = (const int32_t *)col->offs.p;
-            int32_t *dst = (int32_t *)(out->offs.p + out->offs.len);
-            for (int64_t i = 0; i < col->length; i++)
-                dst[i] = (int32_t)(src[i] + child_base[(int8_t)col->tids.p[i]]);
-            out->offs.len += (size_t)col->length * 4;
-            for (int k = 0; k < n->nchildren; k++)
-                child_base[k] += ctxs[t].cols[n->children[k]].length;
-            break;
-        }
-        default:
-            if (col->data.len) buf_put(&out->data, col->data.p, col->data.len);
-        }
-        out->length += col->length;
-        out->nulls += col->nulls;
-    }
+    out->data.len += data, out->offs.len += offs, out->tids.len += tids;
+    out->length = rows, out->nulls = nulls;
     return 0;
+}
+
+/* Chunk t's part of node ni (t >= 1), or with t == 0 the node's bitmaps of every later chunk. */
+static void merge_part(const Node *nodes, int ni, int t, Ctx *ctxs, int nt, const Col *pre) {
+    const Node *n = &nodes[ni];
+    Col *out = &ctxs[0].cols[ni];
+    int64_t rows = pre[ni].length;
+    if (t == 0) {
+        for (int u = 1; u < nt; u++) {
+            Col *col = &ctxs[u].cols[ni];
+            /* reserved by merge_prep: these cannot fail */
+            if (n->null_branch >= 0) bits_append(&out->valid, rows, &col->valid, col->length);
+            if (n->kind == K_BOOL) bits_append(&out->data, rows, &col->data, col->length);
+            rows += col->length;
+        }
+        return;
+    }
+    size_t data = pre[ni].data.len, tids = pre[ni].tids.len;
+    for (int u = 1; u < t; u++) {
+        Col *col = &ctxs[u].cols[ni];
+        rows += col->length, data += col->data.len, tids += col->tids.len;
+    }
+    Col *col = &ctxs[t].cols[ni];
+    switch (n->kind) {
+    case K_NULL: case K_RECORD: case K_BOOL: return;
+    case K_BYTES: case K_STRING: case K_ARRAY: case K_MAP: {
+        int64_t base = (int64_t)data;
+        if (n->kind == K_ARRAY || n->kind == K_MAP) {
+            int c = n->children[0];
+            base = pre[c].length;
+            for (int u = 1; u < t; u++) base += ctxs[u].cols[c].length;
+        } else if (col->data.len) {
+            memcpy(out->data.p + data, col->data.p, col->data.len);
+        }
+        const int32_t *restrict src = (const int32_t *)col->offs.p + 1;
+        int32_t *restrict dst = (int32_t *)out->offs.p + rows + 1;
+        int32_t b = (int32_t)base;
+        for (int64_t i = 0; i < col->length; i++) dst[i] = src[i] + b;
+        return;
+    }
+    case K_UNION: {
+        int32_t base[128];
+        for (int k = 0; k < n->nchildren; k++) {
+            int64_t v = pre[n->children[k]].length;
+            for (int u = 1; u < t; u++) v += ctxs[u].cols[n->children[k]].length;
+            base[k] = (int32_t)v;
+        }
+        if (col->tids.len) memcpy(out->tids.p + tids, col->tids.p, col->tids.len);
+        const int32_t *src = (const int32_t *)col->offs.p;
+        int32_t *dst = (int32_t *)out->offs.p + rows;
+        for (int64_t i = 0; i < col->length; i++) dst[i] = src[i] + base[(int8_t)col->tids.p[i]];
+        return;
+    }
+    default:
+        if (col->data.len) memcpy(out->data.p + data, col->data.p, col->data.len);
+    }
 }
 
 /* -- work sharing ---------------------------------------------------------------------------
  * The input is cut into chunks (contiguous ranges of segments), each decoded into its own
- * buffers; then the nodes are merged one by one. Threads claim chunks, then nodes, from shared
- * counters, and the calling thread claims them too: it never waits for a thread the system has
- * not scheduled yet, only for work items in progress. Helper threads are detached; the shared
+ * buffers; then the merge's tasks run. Threads claim chunks, then tasks, from shared counters,
+ * and the calling thread claims them too: it never waits for a thread the system has not
+ * scheduled yet, only for work items in progress. Helper threads are detached; the shared
  * state is freed by whoever leaves it last. */
+
+typedef struct { int node, chunk; int64_t bytes; } Task;
 
 typedef struct {
     atomic_int refs;
-    atomic_long next_chunk, next_node;
-    long chunks_done, nodes_done; /* under mu */
-    int phase;                    /* under mu: 0 decoding, 1 merging, 2 finished */
-    int nchunks, nnodes, merge_err;
+    atomic_long next_chunk, next_task;
+    atomic_long chunks_done, tasks_done; /* changed under mu */
+    atomic_int phase;                    /* changed under mu: 0 decoding, 1 merging, 2 done */
+    int nchunks, nnodes, ntasks;
     Ctx *ctxs;
     const Node *nodes;
-    int64_t *len0;
-    int *order; /* nodes, most bytes to copy first */
+    Col *pre;    /* chunk 0's columns before the merge */
+    Task *tasks; /* most bytes to copy first */
     pthread_mutex_t mu;
     pthread_cond_t cv;
 } Shared;
@@ -953,9 +987,41 @@ static void shared_release(Shared *sh) {
     if (atomic_fetch_sub(&sh->refs, 1) != 1) return;
     pthread_mutex_destroy(&sh->mu);
     pthread_cond_destroy(&sh->cv);
-    free(sh->len0);
-    free(sh->order);
+    free(sh->pre);
+    free(sh->tasks);
     free(sh);
+}
+
+/* Waiting for the other threads: they are usually about to finish, and a thread woken from a
+ * condition variable took about a millisecond to run again on a busy VM (a tenth of a batch of
+ * 100,000 records), so spin for up to SPIN_NS first, then sleep. */
+#define SPIN_NS 500000
+
+static int64_t elapsed_ns(const struct timespec *t0) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)(t.tv_sec - t0->tv_sec) * 1000000000 + (t.tv_nsec - t0->tv_nsec);
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Until *value >= goal (value only grows, always under mu). */
+static void wait_for(Shared *sh, atomic_long *value, long goal) {
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (unsigned i = 1; atomic_load(value) < goal; i++) {
+        if (i % 256 == 0 && elapsed_ns(&t0) > SPIN_NS) {
+            pthread_mutex_lock(&sh->mu);
+            while (atomic_load(value) < goal) pthread_cond_wait(&sh->cv, &sh->mu);
+            pthread_mutex_unlock(&sh->mu);
+            return;
+        }
+        cpu_relax();
+    }
 }
 
 static void decode_chunks(Shared *sh) {
@@ -970,29 +1036,75 @@ static void decode_chunks(Shared *sh) {
     }
 }
 
-static void merge_nodes(Shared *sh) {
+static void merge_tasks(Shared *sh) {
+    long done = 0;
     for (;;) {
-        long j = atomic_fetch_add(&sh->next_node, 1);
-        if (j >= sh->nnodes) return;
-        int err = merge_node(sh->nodes, sh->order[j], sh->ctxs, sh->nchunks, sh->len0);
-        pthread_mutex_lock(&sh->mu);
-        if (err && sh->merge_err != -2) sh->merge_err = err;
-        sh->nodes_done++;
-        pthread_cond_broadcast(&sh->cv);
-        pthread_mutex_unlock(&sh->mu);
+        long j = atomic_fetch_add(&sh->next_task, 1);
+        if (j >= sh->ntasks) break;
+        merge_part(sh->nodes, sh->tasks[j].node, sh->tasks[j].chunk, sh->ctxs, sh->nchunks,
+                   sh->pre);
+        done++;
     }
+    pthread_mutex_lock(&sh->mu);
+    sh->tasks_done += done;
+    pthread_cond_broadcast(&sh->cv);
+    pthread_mutex_unlock(&sh->mu);
 }
 
 static void *helper_main(void *arg) {
     Shared *sh = arg;
     decode_chunks(sh);
-    pthread_mutex_lock(&sh->mu);
-    while (sh->phase == 0) pthread_cond_wait(&sh->cv, &sh->mu);
-    int phase = sh->phase;
-    pthread_mutex_unlock(&sh->mu);
-    if (phase == 1) merge_nodes(sh);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (unsigned i = 1; atomic_load(&sh->phase) == 0; i++) { /* as in wait_for */
+        if (i % 256 == 0 && elapsed_ns(&t0) > SPIN_NS) {
+            pthread_mutex_lock(&sh->mu);
+            while (atomic_load(&sh->phase) == 0) pthread_cond_wait(&sh->cv, &sh->mu);
+            pthread_mutex_unlock(&sh->mu);
+            break;
+        }
+        cpu_relax();
+    }
+    if (atomic_load(&sh->phase) == 1) merge_tasks(sh);
     shared_release(sh);
     return NULL;
+}
+
+static int by_bytes_down(const void *a, const void *b) {
+    int64_t x = ((const Task *)a)->bytes, y = ((const Task *)b)->bytes;
+    return (x < y) - (x > y);
+}
+
+/* Prepare every node and list the merge's tasks, largest first; 0, -1 out of memory, -2 too
+ * large. */
+static int plan_merge(Shared *sh) {
+    int nn = sh->nnodes, nt = sh->nchunks;
+    Ctx *ctxs = sh->ctxs;
+    sh->pre = malloc((size_t)nn * sizeof(Col));
+    sh->tasks = malloc((size_t)nn * (size_t)nt * sizeof(Task));
+    if (!sh->pre || !sh->tasks) return -1;
+    for (int i = 0; i < nn; i++) sh->pre[i] = ctxs[0].cols[i];
+    for (int i = 0; i < nn; i++) {
+        int err = merge_prep(sh->nodes, i, ctxs, nt, sh->pre);
+        if (err) return err;
+    }
+    int ntasks = 0;
+    for (int i = 0; i < nn; i++) {
+        const Node *n = &sh->nodes[i];
+        int64_t bits = 0;
+        for (int t = 1; t < nt; t++) {
+            Col *col = &ctxs[t].cols[i];
+            bits += (int64_t)(col->valid.len + (n->kind == K_BOOL ? col->data.len : 0));
+            int64_t b = (int64_t)(col->offs.len + col->tids.len) +
+                        (n->kind == K_BOOL ? 0 : (int64_t)col->data.len);
+            if (b == 0 || n->kind == K_RECORD || n->kind == K_NULL || n->kind == K_BOOL) continue;
+            sh->tasks[ntasks++] = (Task){i, t, b};
+        }
+        if (has_bitmaps(n)) sh->tasks[ntasks++] = (Task){i, 0, bits};
+    }
+    qsort(sh->tasks, (size_t)ntasks, sizeof(Task), by_bytes_down);
+    sh->ntasks = ntasks;
+    return 0;
 }
 
 /* Decode all chunks and merge them into chunk 0, with nhelpers extra threads. Returns the merge
@@ -1002,7 +1114,10 @@ static int decode_and_merge(Ctx *ctxs, int nchunks, const Node *nodes, int nnode
     if (!sh) return -1;
     atomic_init(&sh->refs, 1);
     atomic_init(&sh->next_chunk, 0);
-    atomic_init(&sh->next_node, 0);
+    atomic_init(&sh->next_task, 0);
+    atomic_init(&sh->chunks_done, 0);
+    atomic_init(&sh->tasks_done, 0);
+    atomic_init(&sh->phase, 0);
     sh->nchunks = nchunks, sh->nnodes = nnodes, sh->ctxs = ctxs, sh->nodes = nodes;
     pthread_mutex_init(&sh->mu, NULL);
     pthread_cond_init(&sh->cv, NULL);
@@ -1013,48 +1128,19 @@ static int decode_and_merge(Ctx *ctxs, int nchunks, const Node *nodes, int nnode
         else atomic_fetch_sub(&sh->refs, 1);
     }
     decode_chunks(sh);
-    pthread_mutex_lock(&sh->mu);
-    while (sh->chunks_done < nchunks) pthread_cond_wait(&sh->cv, &sh->mu);
-    pthread_mutex_unlock(&sh->mu);
+    wait_for(sh, &sh->chunks_done, nchunks);
     int any_err = 0, err = 0;
     for (int t = 0; t < nchunks; t++) any_err |= ctxs[t].err != 0;
     int merge = !any_err && nchunks > 1;
-    if (merge) {
-        sh->len0 = calloc((size_t)nnodes, sizeof(int64_t));
-        sh->order = calloc((size_t)nnodes, sizeof(int));
-        int64_t *bytes = calloc((size_t)nnodes, sizeof(int64_t));
-        if (!sh->len0 || !sh->order || !bytes) {
-            merge = 0;
-            err = -1;
-        } else {
-            for (int i = 0; i < nnodes; i++) {
-                sh->len0[i] = ctxs[0].cols[i].length;
-                sh->order[i] = i;
-                for (int t = 1; t < nchunks; t++) {
-                    Col *col = &ctxs[t].cols[i];
-                    bytes[i] += (int64_t)(col->data.len + col->offs.len + col->valid.len);
-                }
-            }
-            for (int i = 1; i < nnodes; i++) { /* insertion sort, most bytes first */
-                int x = sh->order[i], j = i;
-                while (j > 0 && bytes[sh->order[j - 1]] < bytes[x]) {
-                    sh->order[j] = sh->order[j - 1];
-                    j--;
-                }
-                sh->order[j] = x;
-            }
-        }
-        free(bytes);
-    }
+    if (merge && (err = plan_merge(sh)) != 0) merge = 0;
     pthread_mutex_lock(&sh->mu);
     sh->phase = merge ? 1 : 2;
     pthread_cond_broadcast(&sh->cv);
     pthread_mutex_unlock(&sh->mu);
     if (merge) {
-        merge_nodes(sh);
+        merge_tasks(sh);
+        wait_for(sh, &sh->tasks_done, sh->ntasks);
         pthread_mutex_lock(&sh->mu);
-        while (sh->nodes_done < nnodes) pthread_cond_wait(&sh->cv, &sh->mu);
-        err = sh->merge_err;
         sh->phase = 2;
         pthread_cond_broadcast(&sh->cv);
         pthread_mutex_unlock(&sh->mu);
@@ -1283,6 +1369,8 @@ static int64_t bytes_before(const Seg *segs, int64_t s, int64_t nsegs, const uin
     return s < nsegs ? segs[s].ptr - base : total;
 }
 
+#define CHUNKS_PER_THREAD 8
+
 /* `base`: non-NULL when the segments lie back to back from it (one buffer and its offsets, a
  * null message's pointer included): the sizes of ranges are then differences of pointers, so
  * the calling thread finds the threads' ranges by bisection instead of a walk over every
@@ -1309,8 +1397,9 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
     if (min_bytes > 0 && total / min_bytes < nthreads) nthreads = (int)(total / min_bytes);
     if (nthreads < 1 || nsegs < 2 * nthreads) nthreads = 1;
     /* The chunks after the first are merged into it (copied), so the first is a thread's fair
-     * share; the rest is cut finer, so that a thread the system runs late finds less left. */
-    int nchunks = nthreads == 1 ? 1 : 1 + (nthreads - 1) * 4;
+     * share; the rest is cut finer (CHUNKS_PER_THREAD each), so that a thread the system runs
+     * late finds less left, and the threads reach the merge at nearly the same time. */
+    int nchunks = nthreads == 1 ? 1 : 1 + (nthreads - 1) * CHUNKS_PER_THREAD;
     if (nchunks > nsegs) nchunks = nsegs > 0 ? (int)nsegs : 1;
     Ctx *ctxs = zalloc_lines((size_t)nchunks * sizeof(Ctx));
     Buf ids = {0};
