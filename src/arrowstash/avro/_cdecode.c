@@ -58,6 +58,39 @@ typedef struct Col {
 
 typedef struct { const uint8_t *ptr; int64_t len, count; } Seg; /* len < 0: a null message */
 
+/* Messages given as one buffer and its offsets (message i is data[offs[first + i] ..
+ * offs[first + i + 1]], null where bit first + i of valid is clear): each thread fills the
+ * segments of its own range from them, instead of the calling thread filling all of them
+ * before any thread starts. */
+typedef struct {
+    const uint8_t *data, *offs, *valid;
+    int width;
+    int64_t first;
+} Lazy;
+
+static inline int64_t lz_off(const Lazy *lz, int64_t i) {
+    if (lz->width == 4) {
+        int32_t v;
+        memcpy(&v, lz->offs + (lz->first + i) * 4, 4);
+        return v;
+    }
+    int64_t v;
+    memcpy(&v, lz->offs + (lz->first + i) * 8, 8);
+    return v;
+}
+
+static void lz_fill(const Lazy *lz, Seg *segs, int64_t a, int64_t b) {
+    int64_t lo = a < b ? lz_off(lz, a) : 0;
+    for (int64_t i = a; i < b; i++) {
+        int64_t hi = lz_off(lz, i + 1), bit = lz->first + i;
+        segs[i].ptr = lz->data + lo; /* a null one's too: see run() */
+        segs[i].len = hi - lo;
+        segs[i].count = 1;
+        if (lz->valid && !(lz->valid[bit >> 3] & (1u << (bit & 7)))) segs[i].len = -1;
+        lo = hi;
+    }
+}
+
 typedef struct Ctx {
     const Node *nodes;
     int nnodes, validate_utf8, confluent;
@@ -66,6 +99,7 @@ typedef struct Ctx {
     Col *cols;
     const uint8_t *start, *end;
     const Seg *segs;
+    const Lazy *lazy; /* set: fill segs[seg_begin, seg_end) from it first */
     int64_t seg_begin, seg_end;
     int64_t all_bytes; /* the first of several threads sizes its buffers for all of them */
     int32_t *ids;
@@ -1028,7 +1062,9 @@ static void decode_chunks(Shared *sh) {
     for (;;) {
         long i = atomic_fetch_add(&sh->next_chunk, 1);
         if (i >= sh->nchunks) return;
-        run_segments(&sh->ctxs[i]);
+        Ctx *c = &sh->ctxs[i];
+        if (c->lazy) lz_fill(c->lazy, (Seg *)c->segs, c->seg_begin, c->seg_end);
+        run_segments(c);
         pthread_mutex_lock(&sh->mu);
         sh->chunks_done++;
         pthread_cond_broadcast(&sh->cv);
@@ -1363,20 +1399,18 @@ static PyObject *node_buffers(const Node *n, Col *col) {
 }
 
 /* Decode segs with nthreads; returns (0, columns, ids) or (1, code, seg, datum, off, node, detail). */
-/* Bytes of the segments before segment s, the segments lying back to back from base. */
-static int64_t bytes_before(const Seg *segs, int64_t s, int64_t nsegs, const uint8_t *base,
-                            int64_t total) {
-    return s < nsegs ? segs[s].ptr - base : total;
+/* Bytes of the messages before message s. */
+static int64_t bytes_before(const Lazy *lz, int64_t s, int64_t nsegs, int64_t total) {
+    return s < nsegs ? lz_off(lz, s) - lz_off(lz, 0) : total;
 }
 
 #define CHUNKS_PER_THREAD 8
 
-/* `base`: non-NULL when the segments lie back to back from it (one buffer and its offsets, a
- * null message's pointer included): the sizes of ranges are then differences of pointers, so
- * the calling thread finds the threads' ranges by bisection instead of a walk over every
- * message before any thread starts. */
+/* `lazy`: non-NULL for one buffer and its offsets: the sizes of ranges are then differences of
+ * offsets, so the calling thread finds the threads' ranges by bisection instead of a walk over
+ * every message before any thread starts, and each thread fills its range's segments. */
 static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int validate_utf8,
-                     int confluent, int64_t min_bytes, const uint8_t *base) {
+                     int confluent, int64_t min_bytes, const Lazy *lazy) {
     int nnodes = 0;
     Node *nodes = parse_plan(plan, &nnodes);
     if (!nodes) return NULL;
@@ -1386,8 +1420,8 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
         return NULL;
     }
     int64_t total = 0;
-    if (base && nsegs > 0)
-        total = segs[nsegs - 1].ptr + (segs[nsegs - 1].len > 0 ? segs[nsegs - 1].len : 0) - base;
+    if (lazy)
+        total = lz_off(lazy, nsegs) - lz_off(lazy, 0);
     else
         for (int64_t s = 0; s < nsegs; s++) total += segs[s].len > 0 ? segs[s].len : 0;
     if (nthreads < 1) nthreads = 1;
@@ -1421,17 +1455,17 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
     for (int t = 0; t < nchunks; t++) {
         Ctx *c = &ctxs[t];
         c->nodes = nodes, c->nnodes = nnodes, c->validate_utf8 = validate_utf8;
-        c->confluent = confluent, c->segs = segs, c->ids = (int32_t *)ids.p;
+        c->confluent = confluent, c->segs = segs, c->lazy = lazy, c->ids = (int32_t *)ids.p;
         c->all_bytes = t == 0 && nchunks > 1 ? total : 0;
         c->seg_begin = s;
         int64_t goal = first + (nchunks > 1 ? (total - first) * t / (nchunks - 1) : 0);
         if (t == nchunks - 1) {
             s = nsegs;
-        } else if (base) { /* the first segment after seg_begin that starts at goal or later */
+        } else if (lazy) { /* the first segment after seg_begin that starts at goal or later */
             int64_t lo = s + 1, hi = nsegs;
             while (lo < hi) {
                 int64_t mid = lo + (hi - lo) / 2;
-                if (bytes_before(segs, mid, nsegs, base, total) >= goal) hi = mid;
+                if (bytes_before(lazy, mid, nsegs, total) >= goal) hi = mid;
                 else lo = mid + 1;
             }
             s = lo < nsegs ? lo : nsegs;
@@ -1794,31 +1828,19 @@ static PyObject *decode_concat(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    for (long long i = 0; i < n; i++) {
-        int64_t a, b;
-        if (width == 4) {
-            int32_t x, y;
-            memcpy(&x, (char *)ov.buf + (first + i) * 4, 4);
-            memcpy(&y, (char *)ov.buf + (first + i + 1) * 4, 4);
-            a = x, b = y;
-        } else {
-            memcpy(&a, (char *)ov.buf + (first + i) * 8, 8);
-            memcpy(&b, (char *)ov.buf + (first + i + 1) * 8, 8);
-        }
+    Lazy lazy = {dv.buf, ov.buf, have_v ? vv.buf : NULL, width, first};
+    int64_t a = n > 0 ? lz_off(&lazy, 0) : 0;
+    for (long long i = 0; i < n; i++) { /* checked here; the segments are filled by the threads */
+        int64_t b = lz_off(&lazy, i + 1);
         if (a < 0 || b < a || b > dv.len) {
             PyErr_Format(PyExc_ValueError,
                          "offsets of message %lld (%lld, %lld) are outside the data buffer", i,
                          (long long)a, (long long)b);
             goto done;
         }
-        segs[i].count = 1;
-        int64_t bit = first + i;
-        segs[i].ptr = (const uint8_t *)dv.buf + a; /* a null one's too: see run() */
-        segs[i].len = b - a;
-        if (have_v && !(((const uint8_t *)vv.buf)[bit >> 3] & (1u << (bit & 7)))) segs[i].len = -1;
+        a = b;
     }
-    result = run(plan, segs, n, nthreads, validate_utf8, confluent, min_bytes,
-                 n > 0 ? segs[0].ptr : NULL);
+    result = run(plan, segs, n, nthreads, validate_utf8, confluent, min_bytes, &lazy);
 done:
     blk_free(segs, segs_cap);
     if (have_v) PyBuffer_Release(&vv);
