@@ -654,6 +654,29 @@ def test_an_output_too_large_to_be_kept_is_trimmed_to_its_size() -> None:
         assert out[i].as_py() == b"\xb4\x10" + text[i].as_py().encode()
 
 
+@needs_native
+def test_with_threads_the_earliest_bad_row_is_reported() -> None:
+    """Each thread stops at the first bad value of its rows: whichever thread meets which bad
+    value first, the error names the earliest bad row; good rows give the same bytes at any
+    thread count."""
+    schema = {"type": "record", "name": "E", "fields": [
+        {"name": "i", "type": "int"}, {"name": "s", "type": ["null", "string"]}]}
+    n = 30_000
+    ints = pa.array(range(n), pa.int64())
+    good = pa.RecordBatch.from_arrays([ints, pa.array([str(i) for i in range(n)])], ["i", "s"])
+    one = encode(good, schema, threads=1)
+    for threads in (2, 3, 4):
+        assert encode(good, schema, threads=threads).equals(one)
+    for bad_rows in ([29_999, 9_000], [5_000, 20_000, 29_000], [100, 29_999], [12_287]):
+        values = ints.to_pylist()
+        for row in bad_rows:
+            values[row] = 2**40
+        bad = good.set_column(0, "i", pa.array(values, pa.int64()))
+        for threads in (1, 2, 3):
+            with pytest.raises(AvroEncodeError, match=rf"^row {min(bad_rows)}, column 'i'"):
+                encode(bad, schema, threads=threads)
+
+
 def test_threads_whose_scratch_outgrows_its_guess() -> None:
     """Booleans take a bit in Arrow and a byte in Avro: the threads' scratch buffers outgrow the
     size guessed from the input, move to their own memory, and every part is then copied into
