@@ -253,3 +253,34 @@ def test_a_damaged_large_entry_is_a_logged_miss(tmp_path: Path,
         tm.assert_frame_equal(produce(), frame)
     assert len(calls) == 2
     assert "unreadable cache entry" in caplog.text
+
+
+@pytest.mark.parametrize("return_format", ["pandas", "arrow", "polars"])
+def test_hits_of_incompressible_columns_are_exact_and_private(tmp_path: Path,
+                                                              return_format: str) -> None:
+    """Columns written as they are (inside a mapped entry) read back exactly; writing into a
+    pandas hit changes neither the entry nor the next hit."""
+    if return_format == "polars":
+        pytest.importorskip("polars")
+    rng = np.random.default_rng(6)
+    frame = pd.DataFrame({"noise": rng.standard_normal(400_000),  # 3.2 MB, whole group
+                          "small": np.arange(400_000) % 7})
+
+    @cache(backend=FileBackend(tmp_path), l1=False,
+           serializer=ArrowSerializer(compression="zstd", return_format=return_format))
+    def produce() -> Any:
+        return frame
+
+    produce()
+    (path,) = tmp_path.rglob("*.ast")
+    assert path.stat().st_size > frame["noise"].nbytes  # stored as it is
+    hit = produce()
+    if return_format == "pandas":
+        tm.assert_frame_equal(hit, frame, check_exact=True)
+        hit.loc[0, "noise"] = 1e300
+        again = produce()
+        assert again.loc[0, "noise"] == frame.loc[0, "noise"]
+    else:
+        table = hit if return_format == "arrow" else hit.to_arrow()
+        assert table.column("noise").to_numpy().tobytes() == frame["noise"].to_numpy().tobytes()
+        assert table.column("small").to_pylist() == frame["small"].tolist()
