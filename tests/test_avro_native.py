@@ -345,7 +345,10 @@ def test_a_stream_of_blocks_decodes_like_decode_blocks(
         expected = decode_blocks(blocks, schema, threads=1)
     except AvroDecodeError:
         expected = None
-    streamed = codec.decode_stream(((b, n, 0) for b, n in blocks), schema)
+    step = data.draw(st.integers(1, 3))  # blocks per feed
+    streamed = codec.decode_stream(
+        (([b for b, _ in blocks[i : i + step]], [n for _, n in blocks[i : i + step]], 0)
+         for i in range(0, len(blocks), step)), schema)
     if expected is None:
         assert streamed is None
     else:
@@ -359,22 +362,27 @@ def test_a_stream_sizes_its_buffers_from_a_guess_and_refuses_misuse() -> None:
     blocks = [(b"".join(messages[i : i + 100]), 100) for i in range(0, 3000, 100)]
     size = sum(len(b) for b, _ in blocks)
     for guess in (0, size // 10, size, size * 10):  # too small, right, too large: same batch
-        fed = codec.decode_stream(((b, n, guess) for b, n in blocks), schema)
+        fed = codec.decode_stream((([b], [n], guess) for b, n in blocks), schema)
         assert fed is not None and fed.equals(decode_blocks(blocks, schema))
     stream = codec._cdecode.BlockStream(codec._compiled(parse_schema(schema)).native, True)
-    assert stream.feed(blocks[0][0], 100, 0)
+    assert stream.feed([blocks[0][0]], [100], 0)
     assert stream.finish() is not None
     with pytest.raises(RuntimeError, match="not ready"):
-        stream.feed(blocks[1][0], 100, 0)
+        stream.feed([blocks[1][0]], [100], 0)
     with pytest.raises(RuntimeError, match="not ready"):
         stream.finish()
     bad = codec._cdecode.BlockStream(codec._compiled(parse_schema(schema)).native, True)
-    assert not bad.feed(blocks[0][0][:-1], 100, 0)  # truncated
-    assert not bad.feed(blocks[1][0], 100, 0)  # a good block after a bad one: still failed
+    assert not bad.feed([blocks[0][0][:-1]], [100], 0)  # truncated
+    assert not bad.feed([blocks[1][0]], [100], 0)  # a good block after a bad one: still failed
     assert bad.finish() is None
+    fresh = codec._cdecode.BlockStream(codec._compiled(parse_schema(schema)).native, True)
     with pytest.raises(ValueError, match="negative"):
-        codec._cdecode.BlockStream(codec._compiled(parse_schema(schema)).native, True).feed(
-            b"", -1, 0)
+        fresh.feed([b""], [-1], 0)
+    with pytest.raises(ValueError, match="one count per block"):
+        fresh.feed([b"", b""], [0], 0)
+    with pytest.raises(TypeError):
+        fresh.feed([3], [1], 0)
+    assert fresh.feed([], [], 0) and fresh.feed([b"", b""], [0, 0], 0)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -1586,42 +1586,70 @@ static int stream_init(Stream *self, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
-/* feed(block, count, bytes_left): decode count datums that fill block exactly; bytes_left
- * guesses the decoded bytes still to come (0: unknown), to size the buffers once. Returns
- * whether the block (and every one before it) was good. */
+/* feed(blocks, counts, bytes_left): decode counts[i] datums that fill blocks[i] exactly, for
+ * each block in turn; bytes_left guesses the decoded bytes of these blocks and the ones after
+ * them (0: unknown), to size the buffers once. Several blocks per call: a call takes the GIL
+ * back, which another thread of the caller may hold. Returns whether every block so far was
+ * good. */
 static PyObject *stream_feed(Stream *self, PyObject *args) {
-    Py_buffer view;
-    long long count, left;
+    PyObject *blocks, *counts;
+    long long left;
     if (!self->ctx || self->finished || self->busy) {
         PyErr_SetString(PyExc_RuntimeError, "BlockStream is not ready to feed");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "y*LL", &view, &count, &left)) return NULL;
-    if (count < 0) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "block counts must not be negative");
-        return NULL;
-    }
-    if (!self->failed) {
-        Ctx *c = self->ctx;
-        Seg seg = {(const uint8_t *)view.buf, (int64_t)view.len, (int64_t)count};
-        c->segs = &seg, c->seg_begin = 0, c->seg_end = 1, c->all_bytes = 0;
-        self->busy = 1;
-        Py_BEGIN_ALLOW_THREADS
-        /* left counts this block: size once a 32nd of the guessed whole is decoded */
-        if (!self->presized && left > 0 && self->done > 0 && self->done * 32 >= self->done + left) {
-            presize(c, self->done, left);
-            self->presized = 1;
+    if (!PyArg_ParseTuple(args, "OOL", &blocks, &counts, &left)) return NULL;
+    PyObject *bs = PySequence_Fast(blocks, "blocks must be a sequence");
+    PyObject *cs = bs ? PySequence_Fast(counts, "counts must be a sequence") : NULL;
+    Py_ssize_t n = bs ? PySequence_Fast_GET_SIZE(bs) : 0, held = 0;
+    Seg *segs = cs ? calloc((size_t)n + 1, sizeof(Seg)) : NULL;
+    Py_buffer *views = segs ? calloc((size_t)n + 1, sizeof(Py_buffer)) : NULL;
+    PyObject *result = NULL;
+    if (cs && (!segs || !views)) PyErr_NoMemory();
+    if (views && PySequence_Fast_GET_SIZE(cs) != n)
+        PyErr_SetString(PyExc_ValueError, "one count per block");
+    int64_t bytes = 0;
+    for (; views && !PyErr_Occurred() && held < n; held++) {
+        long long count = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(cs, held));
+        if (count < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "block counts must not be negative");
+            break;
         }
-        run_range(c);
-        self->done += view.len;
-        if (c->err || c->utf8_bad || (c->validate_utf8 && !strings_valid(c))) self->failed = 1;
-        Py_END_ALLOW_THREADS
-        self->busy = 0;
-        c->segs = NULL;
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(bs, held), &views[held],
+                               PyBUF_C_CONTIGUOUS) < 0)
+            break;
+        segs[held] = (Seg){(const uint8_t *)views[held].buf, (int64_t)views[held].len, count};
+        bytes += views[held].len;
     }
-    PyBuffer_Release(&view);
-    return PyBool_FromLong(!self->failed);
+    if (views && !PyErr_Occurred()) {
+        if (!self->failed && n > 0) {
+            Ctx *c = self->ctx;
+            c->segs = segs, c->seg_begin = 0, c->seg_end = n, c->all_bytes = 0;
+            self->busy = 1;
+            Py_BEGIN_ALLOW_THREADS
+            /* left counts these blocks: size once a 32nd of the guessed whole is decoded */
+            if (!self->presized && left > 0 && self->done > 0 &&
+                self->done * 32 >= self->done + left) {
+                presize(c, self->done, left);
+                self->presized = 1;
+            }
+            run_range(c);
+            self->done += bytes;
+            if (c->err || c->utf8_bad || (c->validate_utf8 && !strings_valid(c)))
+                self->failed = 1;
+            Py_END_ALLOW_THREADS
+            self->busy = 0;
+            c->segs = NULL;
+        }
+        result = PyBool_FromLong(!self->failed);
+    }
+    for (Py_ssize_t i = 0; i < held; i++) PyBuffer_Release(&views[i]);
+    free(views);
+    free(segs);
+    Py_XDECREF(cs);
+    Py_XDECREF(bs);
+    return result;
 }
 
 /* finish(): the columns, as decode_list's result gives them; None if a block was bad. */
@@ -1647,7 +1675,7 @@ static PyObject *stream_finish(Stream *self, PyObject *unused) {
 
 static PyMethodDef stream_methods[] = {
     {"feed", (PyCFunction)stream_feed, METH_VARARGS,
-     "feed(block, count, bytes_left) -> whether every block so far was good"},
+     "feed(blocks, counts, bytes_left) -> whether every block so far was good"},
     {"finish", (PyCFunction)stream_finish, METH_NOARGS,
      "finish() -> the columns, or None if a block was bad"},
     {NULL, NULL, 0, NULL},

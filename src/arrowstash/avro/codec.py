@@ -119,27 +119,29 @@ def decode_blocks(
 
 
 def decode_stream(
-    blocks: Iterable[tuple[Any, int, int]],
+    batches: Iterable[tuple[Sequence[Any], Sequence[int], int]],
     schema: SchemaLike,
     *,
     validate_utf8: bool = True,
 ) -> pa.RecordBatch | None:
-    """Decode blocks as an iterator hands them over (``(buffer, count, bytes_left)``, where
-    ``bytes_left`` guesses the decoded bytes of this block and the ones after it, 0 if unknown)
-    into one batch on the calling thread; None as soon as a block is bad, and the caller then
-    runs ``decode_blocks`` in order for the error. The native decoder takes each block while the
-    producer (an inflater) has just written it, so the block is read from the cache and freed
-    at once; the pure-Python one collects the blocks and calls ``decode_blocks``."""
+    """Decode blocks as an iterator hands them over, a few at a time (``(buffers, counts,
+    bytes_left)``, where ``bytes_left`` guesses the decoded bytes of these blocks and the ones
+    after them, 0 if unknown), into one batch on the calling thread; None as soon as a block is
+    bad, and the caller then runs ``decode_blocks`` in order for the error. The native decoder
+    takes the blocks while the producer (an inflater) has just written them, so they are read
+    from the cache and freed at once; the pure-Python one collects the blocks and calls
+    ``decode_blocks``."""
     plan = _compiled(parse_schema(schema))
     if not native_available():
+        blocks = [(b, n) for buffers, counts, _ in batches for b, n in zip(buffers, counts,
+                                                                            strict=True)]
         try:
-            return decode_blocks([(b, n) for b, n, _ in blocks], plan.schema, threads=1,
-                                 validate_utf8=validate_utf8)
+            return decode_blocks(blocks, plan.schema, threads=1, validate_utf8=validate_utf8)
         except AvroDecodeError:
             return None
     stream = _cdecode.BlockStream(plan.native, validate_utf8)
-    for block, count, left in blocks:
-        if not stream.feed(block, count, left):
+    for buffers, counts, left in batches:
+        if not stream.feed(buffers, counts, left):
             return None
     columns = stream.finish()
     return None if columns is None else _plan.assemble(plan, columns)

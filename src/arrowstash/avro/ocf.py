@@ -433,28 +433,36 @@ def _runs(blocks: list[_Block], n: int) -> list[list[_Block]]:
     return runs
 
 
+#: Blocks inflated before they are decoded together: each call into the inflater and the
+#: decoder takes the GIL back (which the other threads want too), and 8 fastavro-sized blocks
+#: (16 kB inflated) still sit in the cache when they are decoded.
+_BLOCKS_PER_FEED = 8
+
+
 def _read_runs(codec: str, blocks: list[_Block], writer: Any,
                workers: int) -> list[pa.RecordBatch] | None:
     """One batch per run of blocks, each run decompressed and decoded by its own thread (the
-    calling thread takes the first run), block after block, so that each inflated block is
-    decoded while it is in the cache and freed at once; None if any block fails (the caller then
-    reads in file order to report the first bad one)."""
+    calling thread takes the first run), a few blocks at a time, so that the inflated blocks are
+    decoded while they are in the cache and freed at once; None if any block fails (the caller
+    then reads in file order to report the first bad one)."""
     decompress, errors = _DECOMPRESS[codec], _DECOMPRESS_ERRORS
     if codec == "deflate":  # the inflater itself: its errors are caught below, once per run
         decompress, inflate_errors = _inflater()
         errors = (*errors, *inflate_errors)
 
-    def inflated(blocks: list[_Block]) -> Iterator[tuple[Any, int, int]]:
+    def inflated(blocks: list[_Block]) -> Iterator[tuple[list[Any], list[int], int]]:
         packed = sum(len(block.data) for block in blocks)
         done = raw = 0
-        for block in blocks:
-            payload = decompress(block.data)
-            size = memoryview(payload).nbytes
-            # this block's and the later ones' decoded bytes, at the ratio seen so far
-            left = (packed - done) * (raw + size) // max(done + len(block.data), 1)
-            done += len(block.data)
+        for at in range(0, len(blocks), _BLOCKS_PER_FEED):
+            group = blocks[at : at + _BLOCKS_PER_FEED]
+            payloads = [decompress(block.data) for block in group]
+            size = sum(memoryview(payload).nbytes for payload in payloads)
+            sent = sum(len(block.data) for block in group)
+            # these blocks' and the later ones' decoded bytes, at the ratio seen so far
+            left = (packed - done) * (raw + size) // max(done + sent, 1)
+            done += sent
             raw += size
-            yield payload, block.count, left
+            yield payloads, [block.count for block in group], left
 
     def run(blocks: list[_Block]) -> pa.RecordBatch | None:
         try:
