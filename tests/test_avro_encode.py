@@ -577,9 +577,9 @@ def test_strings_of_every_length_around_the_copy_fast_paths() -> None:
 
 def test_strings_and_varints_inside_arrays_and_maps() -> None:
     """Arrays and maps of leaves have code of their own in the native encoder (one reservation
-    per array, keys and values interleaved): strings across the copy bounds and longs of every
-    varint width, also beyond the 8-byte word the encoder writes them as, give fastavro's bytes
-    and the Python encoder's."""
+    per array, keys and values interleaved, up to 4 entries without a branch on their count):
+    0 to 6 entries, strings across the copy bounds and longs of every varint width, also beyond
+    the 8-byte word the encoder writes them as, give fastavro's bytes."""
     schema = {"type": "record", "name": "C", "fields": [
         {"name": "tags", "type": {"type": "array", "items": "string"}},
         {"name": "counts", "type": {"type": "map", "values": "long"}},
@@ -590,10 +590,10 @@ def test_strings_and_varints_inside_arrays_and_maps() -> None:
     longs = [v for v in longs if -(2**63) <= v < 2**63] + [2**63 - 1, -(2**63)]
     ints = [v for v in longs if -(2**31) <= v < 2**31]
     records = [{
-        "tags": ["t" * ((k * 7 + j) % 140) for j in range(k % 4)],
-        "counts": {"k" * (k % 70) + str(j): longs[(k + j) % len(longs)] for j in range(k % 3)},
-        "ints": [ints[(k + j) % len(ints)] for j in range(k % 5)],
-        "names": {str(j): "v" * ((k + 31 * j) % 100) for j in range(k % 3)},
+        "tags": ["t" * ((k * 7 + j) % 140) for j in range(k % 7)],
+        "counts": {"k" * (k % 70) + str(j): longs[(k + j) % len(longs)] for j in range(k % 6)},
+        "ints": [ints[(k + j) % len(ints)] for j in range(k % 7)],
+        "names": {str(j): "v" * ((k + 31 * j) % 100) for j in range(k % 6)},
         "x": longs[k % len(longs)], "y": None if k % 5 == 0 else ints[k % len(ints)],
     } for k in range(len(longs) + 20)]
     expected = fastavro_bytes(schema, records)

@@ -644,6 +644,32 @@ INLINE uint8_t *put_leaf(uint8_t *d, int leaf, const uint8_t *b1, const uint8_t 
     }
 }
 
+/* The entries of an array or a map (keys first). Up to SMALL entries (most arrays and maps in
+ * messages) are written without a branch on their count, whose exit a CPU cannot predict when
+ * counts vary: all SMALL slots are written, slot j from entry min(j, count - 1), and the write
+ * position only moves past the first `count`; the other slots are written over each other just
+ * past them (the caller reserved room for one more last entry) and rewritten by what follows. */
+enum { SMALL = 4 };
+
+INLINE uint8_t *put_entries(uint8_t *d, const Column *c, int leaf, int is_map, int64_t j0,
+                            int64_t k0, int64_t count) {
+    if (count <= SMALL) {
+        for (int64_t j = 0; j < SMALL; j++) {
+            int64_t at = j < count ? j : count - 1;
+            uint8_t *e = d;
+            if (is_map) e = put_leaf(e, L_BINARY, c->key_b1, c->key_b2, c->key_b2_end, k0 + at);
+            e = put_leaf(e, leaf, c->item_b1, c->item_b2, c->item_b2_end, j0 + at);
+            d = j < count ? e : d;
+        }
+        return d;
+    }
+    for (int64_t j = 0; j < count; j++) {
+        if (is_map) d = put_leaf(d, L_BINARY, c->key_b1, c->key_b2, c->key_b2_end, k0 + j);
+        d = put_leaf(d, leaf, c->item_b1, c->item_b2, c->item_b2_end, j0 + j);
+    }
+    return d;
+}
+
 /* Bytes to reserve for leaves [j0, j1): at most 10 a value, plus the strings' bytes. */
 INLINE int64_t leaf_need(int leaf, const uint8_t *b1, int64_t j0, int64_t j1) {
     int64_t need = 10 * (j1 - j0);
@@ -724,14 +750,14 @@ HOT_CLONES static int encode_rows(Writer *w, const Column *cols, int n_cols, int
                     int64_t need = 10 + leaf_need(L, c->item_b1, j0, j0 + count);          \
                     if (c->shape == S_MAP + L)                                             \
                         need += leaf_need(L_BINARY, c->key_b1, k0, k0 + count);            \
+                    if (count <= SMALL) { /* room for a slot past the last: put_entries */ \
+                        need += leaf_need(L, c->item_b1, j0 + count - 1, j0 + count);      \
+                        if (c->shape == S_MAP + L)                                         \
+                            need += leaf_need(L_BINARY, c->key_b1, k0 + count - 1, k0 + count); \
+                    }                                                                      \
                     RESERVE(need);                                                         \
                     d = put_varint(d, (uint64_t)count << 1);                               \
-                    for (int64_t j = 0; j < count; j++) {                                  \
-                        if (c->shape == S_MAP + L)                                         \
-                            d = put_leaf(d, L_BINARY, c->key_b1, c->key_b2, c->key_b2_end,  \
-                                         k0 + j);                                          \
-                        d = put_leaf(d, L, c->item_b1, c->item_b2, c->item_b2_end, j0 + j);\
-                    }                                                                      \
+                    d = put_entries(d, c, L, c->shape == S_MAP + L, j0, k0, count);        \
                 }                                                                          \
                 *d++ = 0;                                                                  \
                 break;                                                                     \
