@@ -5,8 +5,8 @@ marker, then blocks: a datum count, a byte size, the (compressed) datums and the
 again. An uncompressed file's blocks are decoded in place by
 :func:`arrowstash.avro.decode_blocks`, which splits them across threads. A compressed file's
 blocks are cut into one run per thread, and each thread decompresses and decodes its own run
-block after block (every codec here and the native decoder release the GIL), so each inflated
-block is decoded from the cache and freed, and no thread waits for another. Every structural
+a few blocks at a time (every codec here and the native decoder release the GIL), so inflated
+blocks are decoded from the cache and freed, and no thread waits for another. Every structural
 problem is an :class:`~arrowstash.AvroDecodeError` naming the block and the byte offset in the
 file.
 """
