@@ -215,8 +215,10 @@ static __attribute__((noinline, cold)) int64_t fail(Writer *w, const Node *n, in
 
 /* The row loop is compiled twice on x86-64 with GCC, for the baseline and for x86-64-v3 (AVX2:
  * a string's 32-byte move is one instruction, not two), the loader picking the one the CPU
- * runs: about 4% of a userdata encode. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
+ * runs: about 4% of a userdata encode. The loader's pick is an ifunc: glibc has them,
+ * musl does not. */
+#if defined(__x86_64__) && defined(__GLIBC__) && defined(__GNUC__) && !defined(__clang__) \
+    && __GNUC__ >= 11
 #define HOT_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define HOT_CLONES
