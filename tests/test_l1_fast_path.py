@@ -4,9 +4,11 @@ invalidation, independence of results, methods, keyword arguments."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import enum
+import sys
 import threading
 import time
 from typing import Any
@@ -17,7 +19,7 @@ from hypothesis import strategies as st
 
 import arrowstash.decorator
 from arrowstash import MemoryBackend, cache
-from arrowstash.l1 import copier
+from arrowstash.l1 import L1, L1Item, copier
 
 
 class Calls:
@@ -283,6 +285,40 @@ def test_fast_hits_race_evictions_from_other_threads() -> None:
     l1 = f._core.l1  # type: ignore[attr-defined]
     assert len(l1) <= 8
     assert {item.digest for _types, item in l1.fast.values()} <= set(l1.items)
+
+
+def test_eviction_races_the_lock_free_recency_update() -> None:
+    # the fast path moves a hit's entry to the end of L1.items without the lock (as
+    # CachedFunction._recency); evictions in put must not iterate items meanwhile. Threads
+    # switch every microsecond here, which made the old eviction fail within 30,000 puts.
+    l1 = L1(8, 1 << 30)
+    errors: list[BaseException] = []
+
+    def put() -> None:
+        try:
+            for i in range(30_000):
+                l1.put(b"%d" % (i % 64), L1Item(0.0, 1, i, None))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def touch() -> None:
+        move = l1.items.move_to_end
+        for i in range(60_000):
+            with contextlib.suppress(KeyError):
+                move(b"%d" % (i % 64))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=put), threading.Thread(target=touch)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert len(l1) == 8 and l1._bytes == 8
 
 
 scalars = st.one_of(

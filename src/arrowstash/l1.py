@@ -84,7 +84,9 @@ class L1:
             self.items[digest] = item
             self._bytes += item.size
             while len(self.items) > self.max_entries or self._bytes > self.max_bytes:
-                self._drop(next(iter(self.items)))
+                # one C call: the fast path moves entries to the end without the lock, which
+                # would break an iterator taken here
+                self._forget(self.items.popitem(last=False)[1])
 
     def alias(self, args: tuple[Any, ...], digest: bytes) -> None:
         """Let ``fast`` find the entry of ``digest`` by these positional arguments, when they
@@ -112,7 +114,9 @@ class L1:
             self._bytes = 0
 
     def _drop(self, digest: bytes) -> None:
-        item = self.items.pop(digest)
+        self._forget(self.items.pop(digest))
+
+    def _forget(self, item: L1Item) -> None:
         self._bytes -= item.size
         for args in item.aliases:
             if self.fast.get(args, (None, None))[1] is item:
