@@ -1432,7 +1432,9 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
     if (nthreads < 1 || nsegs < 2 * nthreads) nthreads = 1;
     /* The chunks after the first are merged into it (copied), so the first is a thread's fair
      * share; the rest is cut finer (CHUNKS_PER_THREAD each), so that a thread the system runs
-     * late finds less left, and the threads reach the merge at nearly the same time. */
+     * late finds less left, and the threads reach the merge at nearly the same time: the
+     * chunks shrink in turn (the k-th of K gets K - k + 1 parts of K (K + 1) / 2), so the last
+     * ones, which decide how long the first thread to run out waits, are small. */
     int nchunks = nthreads == 1 ? 1 : 1 + (nthreads - 1) * CHUNKS_PER_THREAD;
     if (nchunks > nsegs) nchunks = nsegs > 0 ? (int)nsegs : 1;
     Ctx *ctxs = zalloc_lines((size_t)nchunks * sizeof(Ctx));
@@ -1458,7 +1460,9 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
         c->confluent = confluent, c->segs = segs, c->lazy = lazy, c->ids = (int32_t *)ids.p;
         c->all_bytes = t == 0 && nchunks > 1 ? total : 0;
         c->seg_begin = s;
-        int64_t goal = first + (nchunks > 1 ? (total - first) * t / (nchunks - 1) : 0);
+        int64_t k = nchunks - 1, parts = (int64_t)t * k - (int64_t)t * (t - 1) / 2;
+        int64_t goal = first + (nchunks > 1
+            ? (int64_t)((double)(total - first) * (double)parts / (double)(k * (k + 1) / 2)) : 0);
         if (t == nchunks - 1) {
             s = nsegs;
         } else if (lazy) { /* the first segment after seg_begin that starts at goal or later */
