@@ -691,3 +691,33 @@ def test_threads_whose_scratch_outgrows_its_guess() -> None:
         many = encode(batch, schema, threads=threads)
         assert many.equals(one)
     assert one.to_pylist()[:50] == expected
+
+
+def test_nulls_over_bytes_of_their_own_in_nullable_leaves() -> None:
+    """Arrow lets a null slot of a string column span bytes (and a null number hold any value):
+    the native encoder writes a nullable leaf's value whether it is null or not and keeps it
+    only for a value, so those bytes, 0 to 100 of them and at the end of the data, must not
+    leak into the output."""
+    schema = {"type": "record", "name": "N", "fields": [
+        {"name": "s", "type": ["null", "string"]}, {"name": "t", "type": ["string", "null"]},
+        {"name": "i", "type": ["null", "int"]}, {"name": "d", "type": ["null", "double"]}]}
+    texts = ["z" * (k * 37 % 101) for k in range(40)]
+    nulls = [k % 3 != 1 for k in range(40)]
+    data = "".join(texts).encode()
+    offsets = pa.array([sum(map(len, texts[:k])) for k in range(41)], pa.int32())
+    validity = pa.array([not n for n in nulls]).buffers()[1]
+    strings = pa.Array.from_buffers(
+        pa.string(), 40, [validity, offsets.buffers()[1], pa.py_buffer(data)], null_count=-1)
+    ints = pa.Array.from_buffers(
+        pa.int32(), 40, [validity, pa.array(range(-20, 20), pa.int32()).buffers()[1]],
+        null_count=-1)
+    doubles = pa.Array.from_buffers(
+        pa.float64(), 40, [validity, pa.array([k / 7 for k in range(40)]).buffers()[1]],
+        null_count=-1)
+    batch = pa.RecordBatch.from_arrays([strings, strings, ints, doubles], ["s", "t", "i", "d"])
+    records = [{"s": None if n else t, "t": None if n else t, "i": None if n else k - 20,
+                "d": None if n else k / 7}
+               for k, (t, n) in enumerate(zip(texts, nulls, strict=True))]
+    expected = fastavro_bytes(schema, records)
+    for start in (0, 1, 39):
+        assert encode(batch.slice(start), schema).to_pylist() == expected[start:]
