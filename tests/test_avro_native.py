@@ -352,7 +352,11 @@ def test_a_stream_of_blocks_decodes_like_decode_blocks(
     if expected is None:
         assert streamed is None
     else:
-        assert streamed is not None and streamed.equals(expected)
+        assert streamed is not None
+        # a flipped byte of a float may make a NaN, which equals() holds unequal to itself
+        assert streamed.equals(expected) or _nan_free(streamed.to_pylist()) == _nan_free(
+            expected.to_pylist()
+        )
 
 
 def test_a_stream_sizes_its_buffers_from_a_guess_and_refuses_misuse() -> None:
