@@ -2,7 +2,8 @@
 pyproject.toml.
 
 ``optional=True``: where no C compiler (or no pthreads) exists, the install still succeeds and
-``arrowstash.avro`` uses its pure-Python decoder and encoder.
+``arrowstash.avro`` uses its pure-Python decoder and encoder. An extension's header is in
+``depends``, so that a change to it rebuilds the extension.
 """
 
 from setuptools import Extension, setup
@@ -11,7 +12,13 @@ setup(
     ext_modules=[
         Extension(
             "arrowstash.avro._cdecode",
-            ["src/arrowstash/avro/_cdecode.c"],
+            [
+                "src/arrowstash/avro/_cdecode.c",
+                "src/arrowstash/avro/_cdecode_values.c",
+                "src/arrowstash/avro/_cdecode_batch.c",
+                "src/arrowstash/avro/_cdecode_blocks.c",
+            ],
+            depends=["src/arrowstash/avro/_cdecode.h"],
             extra_compile_args=["-O3", "-pthread", "-Wall", "-Wno-missing-field-initializers"],
             extra_link_args=["-pthread"],
             optional=True,

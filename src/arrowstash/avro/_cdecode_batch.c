@@ -1,0 +1,418 @@
+/* The native Avro decoder's batch: reused memory, the threads that decode the chunks of a
+ * batch, and the merge of their buffers into one set of columns (see _cdecode.h). */
+#include "_cdecode.h"
+
+
+/* -- reused memory ---------------------------------------------------------------------------
+ * A fresh page costs a page fault on its first write: about 4,500 of them (a third of the time)
+ * for a batch of 100,000 records whose output blocks came straight from the system each call.
+ * So blocks of BLK_MIN bytes or more are kept when freed (output buffers once Arrow releases
+ * them, the threads' parts after a merge), up to BLK_KEEP bytes in all, and the next buffers
+ * that grow that large take them. */
+#define BLK_MIN ((size_t)64 << 10)
+#define BLK_KEEP ((size_t)128 << 20)
+#define BLK_SLOTS 256
+static struct { void *p; size_t cap; } blk_slot[BLK_SLOTS];
+static int blk_count;
+static size_t blk_bytes;
+static pthread_mutex_t blk_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* A block of at least *cap bytes (*cap becomes its real size), or NULL. A kept block is taken
+ * when it is at most 4 times too large (best fit), so small requests leave the big ones. */
+void *cd_blk_alloc(size_t *cap) {
+    void *p = NULL;
+    if (*cap >= BLK_MIN) {
+        pthread_mutex_lock(&blk_mu);
+        int best = -1;
+        for (int i = 0; i < blk_count; i++)
+            if (blk_slot[i].cap >= *cap && blk_slot[i].cap / 4 <= *cap &&
+                (best < 0 || blk_slot[i].cap < blk_slot[best].cap))
+                best = i;
+        if (best >= 0) {
+            p = blk_slot[best].p;
+            *cap = blk_slot[best].cap;
+            blk_bytes -= *cap;
+            blk_slot[best] = blk_slot[--blk_count];
+        }
+        pthread_mutex_unlock(&blk_mu);
+    }
+    return p ? p : malloc(*cap);
+}
+
+/* Free (or keep) a block of cap bytes from cd_blk_alloc or realloc. When there is no room, the
+ * smallest kept blocks make way for a larger one (the small ones are the steps of growth). */
+void cd_blk_free(void *p, size_t cap) {
+    if (!p || cap < BLK_MIN || cap > BLK_KEEP) {
+        free(p);
+        return;
+    }
+    void *drop[BLK_SLOTS + 1];
+    int ndrop = 0;
+    pthread_mutex_lock(&blk_mu);
+    while (blk_count == BLK_SLOTS || blk_bytes + cap > BLK_KEEP) {
+        int small = 0;
+        for (int i = 1; i < blk_count; i++)
+            if (blk_slot[i].cap < blk_slot[small].cap) small = i;
+        if (blk_slot[small].cap >= cap) break;
+        drop[ndrop++] = blk_slot[small].p;
+        blk_bytes -= blk_slot[small].cap;
+        blk_slot[small] = blk_slot[--blk_count];
+    }
+    int kept = blk_count < BLK_SLOTS && blk_bytes + cap <= BLK_KEEP;
+    if (kept) {
+        blk_slot[blk_count].p = p;
+        blk_slot[blk_count++].cap = cap;
+        blk_bytes += cap;
+    }
+    pthread_mutex_unlock(&blk_mu);
+    for (int i = 0; i < ndrop; i++) free(drop[i]);
+    if (!kept) free(p);
+}
+int cd_buf_grow(Buf *b, size_t extra) {
+    size_t cap = b->cap ? b->cap : 64;
+    while (cap < b->len + extra) cap *= 2;
+    if (cap < BLK_MIN) { /* small: the C heap reuses its own memory */
+        uint8_t *p = realloc(b->p, cap);
+        if (!p) return -1;
+        b->p = p;
+        b->cap = cap;
+        return 0;
+    }
+    uint8_t *p = cd_blk_alloc(&cap);
+    if (!p) return -1;
+    if (b->len) memcpy(p, b->p, b->len);
+    cd_blk_free(b->p, b->cap);
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+/* Zeroed memory on cache lines of its own (threads write their contexts and columns all the
+ * time: sharing a line with another thread's would move it between the cores), or NULL. */
+void *cd_zalloc_lines(size_t size) {
+    size = (size + 63) / 64 * 64;
+    void *p = aligned_alloc(64, size ? size : 64);
+    if (p) memset(p, 0, size ? size : 64);
+    return p;
+}
+
+
+static void lz_fill(const Lazy *lz, Seg *segs, int64_t a, int64_t b) {
+    int64_t lo = a < b ? lz_off(lz, a) : 0;
+    for (int64_t i = a; i < b; i++) {
+        int64_t hi = lz_off(lz, i + 1), bit = lz->first + i;
+        segs[i].ptr = lz->data + lo; /* a null one's too: see run() */
+        segs[i].len = hi - lo;
+        segs[i].count = 1;
+        if (lz->valid && !(lz->valid[bit >> 3] & (1u << (bit & 7)))) segs[i].len = -1;
+        lo = hi;
+    }
+}
+/* -- concatenating the threads' buffers ------------------------------------------------------ */
+
+static int bits_append(Buf *dst, int64_t dst_bits, const Buf *src, int64_t nbits) {
+    if (nbits == 0) return 0;
+    size_t need = (size_t)((dst_bits + nbits + 7) >> 3);
+    if (need > dst->len && buf_zeros(dst, need - dst->len)) return -1;
+    uint8_t *d = dst->p + (dst_bits >> 3);
+    int shift = (int)(dst_bits & 7);
+    size_t nbytes = (size_t)((nbits + 7) >> 3);
+    if (shift == 0) {
+        memcpy(d, src->p, nbytes);
+        return 0;
+    }
+    d[0] &= (uint8_t)((1u << shift) - 1); /* keep the bits before dst_bits */
+    for (size_t i = 0; i < nbytes; i++) {
+        d[i] |= (uint8_t)(src->p[i] << shift);
+        if (i + 1 < need - (size_t)(dst_bits >> 3)) d[i + 1] = (uint8_t)(src->p[i] >> (8 - shift));
+    }
+    return 0;
+}
+
+/* The chunks after the first are appended to chunk 0's buffers (chunk order = row order), so
+ * only their parts are copied. The merge is cut into tasks that run in parallel: one per node
+ * and later chunk, copying that chunk's values, offsets (rebased) and type ids to the place
+ * merge_prep computed for them, and one per node with bitmaps, appending every chunk's bits in
+ * turn (neighbouring chunks share a byte there). pre holds chunk 0's columns from before the
+ * merge. */
+
+static int has_bitmaps(const Node *n) { return n->null_branch >= 0 || n->kind == K_BOOL; }
+
+/* Node ni's totals: check the int32 offsets, reserve the buffers once and set their final
+ * sizes (the bitmaps grow as their task appends). 0, -1 out of memory, -2 too large. */
+static int merge_prep(const Node *nodes, int ni, Ctx *ctxs, int nt, const Col *pre) {
+    const Node *n = &nodes[ni];
+    Col *out = &ctxs[0].cols[ni];
+    int64_t rows = out->length, nulls = out->nulls, child = 0;
+    size_t data = 0, offs = 0, tids = 0;
+    if (n->kind == K_ARRAY || n->kind == K_MAP) {
+        child = pre[n->children[0]].length;
+        for (int t = 1; t < nt; t++) child += ctxs[t].cols[n->children[0]].length;
+    }
+    for (int t = 1; t < nt; t++) {
+        Col *col = &ctxs[t].cols[ni];
+        rows += col->length, nulls += col->nulls;
+        data += col->data.len, tids += col->tids.len;
+        offs += (size_t)col->length * 4;
+    }
+    if (n->kind == K_BOOL) data = 0; /* a bitmap: its task appends it */
+    if ((n->kind == K_BYTES || n->kind == K_STRING) && (int64_t)(out->data.len + data) > INT32_MAX)
+        return -2;
+    if (child > INT32_MAX) return -2;
+    size_t bits = (size_t)((rows + 7) >> 3);
+    if (buf_reserve(&out->data, data + (n->kind == K_BOOL ? bits : 0)) ||
+        buf_reserve(&out->offs, offs) || buf_reserve(&out->tids, tids) ||
+        (n->null_branch >= 0 && buf_reserve(&out->valid, bits)))
+        return -1;
+    out->data.len += data, out->offs.len += offs, out->tids.len += tids;
+    out->length = rows, out->nulls = nulls;
+    return 0;
+}
+
+/* Chunk t's part of node ni (t >= 1), or with t == 0 the node's bitmaps of every later chunk. */
+static void merge_part(const Node *nodes, int ni, int t, Ctx *ctxs, int nt, const Col *pre) {
+    const Node *n = &nodes[ni];
+    Col *out = &ctxs[0].cols[ni];
+    int64_t rows = pre[ni].length;
+    if (t == 0) {
+        for (int u = 1; u < nt; u++) {
+            Col *col = &ctxs[u].cols[ni];
+            /* reserved by merge_prep: these cannot fail */
+            if (n->null_branch >= 0) bits_append(&out->valid, rows, &col->valid, col->length);
+            if (n->kind == K_BOOL) bits_append(&out->data, rows, &col->data, col->length);
+            rows += col->length;
+        }
+        return;
+    }
+    size_t data = pre[ni].data.len, tids = pre[ni].tids.len;
+    for (int u = 1; u < t; u++) {
+        Col *col = &ctxs[u].cols[ni];
+        rows += col->length, data += col->data.len, tids += col->tids.len;
+    }
+    Col *col = &ctxs[t].cols[ni];
+    switch (n->kind) {
+    case K_NULL: case K_RECORD: case K_BOOL: return;
+    case K_BYTES: case K_STRING: case K_ARRAY: case K_MAP: {
+        int64_t base = (int64_t)data;
+        if (n->kind == K_ARRAY || n->kind == K_MAP) {
+            int c = n->children[0];
+            base = pre[c].length;
+            for (int u = 1; u < t; u++) base += ctxs[u].cols[c].length;
+        } else if (col->data.len) {
+            memcpy(out->data.p + data, col->data.p, col->data.len);
+        }
+        const int32_t *restrict src = (const int32_t *)col->offs.p + 1;
+        int32_t *restrict dst = (int32_t *)out->offs.p + rows + 1;
+        int32_t b = (int32_t)base;
+        for (int64_t i = 0; i < col->length; i++) dst[i] = src[i] + b;
+        return;
+    }
+    case K_UNION: {
+        int32_t base[128];
+        for (int k = 0; k < n->nchildren; k++) {
+            int64_t v = pre[n->children[k]].length;
+            for (int u = 1; u < t; u++) v += ctxs[u].cols[n->children[k]].length;
+            base[k] = (int32_t)v;
+        }
+        if (col->tids.len) memcpy(out->tids.p + tids, col->tids.p, col->tids.len);
+        const int32_t *src = (const int32_t *)col->offs.p;
+        int32_t *dst = (int32_t *)out->offs.p + rows;
+        for (int64_t i = 0; i < col->length; i++) dst[i] = src[i] + base[(int8_t)col->tids.p[i]];
+        return;
+    }
+    default:
+        if (col->data.len) memcpy(out->data.p + data, col->data.p, col->data.len);
+    }
+}
+
+/* -- work sharing ---------------------------------------------------------------------------
+ * The input is cut into chunks (contiguous ranges of segments), each decoded into its own
+ * buffers; then the merge's tasks run. Threads claim chunks, then tasks, from shared counters,
+ * and the calling thread claims them too: it never waits for a thread the system has not
+ * scheduled yet, only for work items in progress. Helper threads are detached; the shared
+ * state is freed by whoever leaves it last. */
+
+typedef struct { int node, chunk; int64_t bytes; } Task;
+
+typedef struct {
+    atomic_int refs;
+    atomic_long next_chunk, next_task;
+    atomic_long chunks_done, tasks_done; /* changed under mu */
+    atomic_int phase;                    /* changed under mu: 0 decoding, 1 merging, 2 done */
+    int nchunks, nnodes, ntasks;
+    Ctx *ctxs;
+    const Node *nodes;
+    Col *pre;    /* chunk 0's columns before the merge */
+    Task *tasks; /* most bytes to copy first */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} Shared;
+
+static void shared_release(Shared *sh) {
+    if (atomic_fetch_sub(&sh->refs, 1) != 1) return;
+    pthread_mutex_destroy(&sh->mu);
+    pthread_cond_destroy(&sh->cv);
+    free(sh->pre);
+    free(sh->tasks);
+    free(sh);
+}
+
+/* Waiting for the other threads: they are usually about to finish, and a thread woken from a
+ * condition variable took about a millisecond to run again on a busy VM (a tenth of a batch of
+ * 100,000 records), so spin for up to SPIN_NS first, then sleep. */
+#define SPIN_NS 500000
+
+static int64_t elapsed_ns(const struct timespec *t0) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)(t.tv_sec - t0->tv_sec) * 1000000000 + (t.tv_nsec - t0->tv_nsec);
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Until *value >= goal (value only grows, always under mu). */
+static void wait_for(Shared *sh, atomic_long *value, long goal) {
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (unsigned i = 1; atomic_load(value) < goal; i++) {
+        if (i % 256 == 0 && elapsed_ns(&t0) > SPIN_NS) {
+            pthread_mutex_lock(&sh->mu);
+            while (atomic_load(value) < goal) pthread_cond_wait(&sh->cv, &sh->mu);
+            pthread_mutex_unlock(&sh->mu);
+            return;
+        }
+        cpu_relax();
+    }
+}
+
+static void decode_chunks(Shared *sh) {
+    for (;;) {
+        long i = atomic_fetch_add(&sh->next_chunk, 1);
+        if (i >= sh->nchunks) return;
+        Ctx *c = &sh->ctxs[i];
+        if (c->lazy) lz_fill(c->lazy, (Seg *)c->segs, c->seg_begin, c->seg_end);
+        cd_run_segments(c);
+        pthread_mutex_lock(&sh->mu);
+        sh->chunks_done++;
+        pthread_cond_broadcast(&sh->cv);
+        pthread_mutex_unlock(&sh->mu);
+    }
+}
+
+static void merge_tasks(Shared *sh) {
+    long done = 0;
+    for (;;) {
+        long j = atomic_fetch_add(&sh->next_task, 1);
+        if (j >= sh->ntasks) break;
+        merge_part(sh->nodes, sh->tasks[j].node, sh->tasks[j].chunk, sh->ctxs, sh->nchunks,
+                   sh->pre);
+        done++;
+    }
+    pthread_mutex_lock(&sh->mu);
+    sh->tasks_done += done;
+    pthread_cond_broadcast(&sh->cv);
+    pthread_mutex_unlock(&sh->mu);
+}
+
+static void *helper_main(void *arg) {
+    Shared *sh = arg;
+    decode_chunks(sh);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (unsigned i = 1; atomic_load(&sh->phase) == 0; i++) { /* as in wait_for */
+        if (i % 256 == 0 && elapsed_ns(&t0) > SPIN_NS) {
+            pthread_mutex_lock(&sh->mu);
+            while (atomic_load(&sh->phase) == 0) pthread_cond_wait(&sh->cv, &sh->mu);
+            pthread_mutex_unlock(&sh->mu);
+            break;
+        }
+        cpu_relax();
+    }
+    if (atomic_load(&sh->phase) == 1) merge_tasks(sh);
+    shared_release(sh);
+    return NULL;
+}
+
+static int by_bytes_down(const void *a, const void *b) {
+    int64_t x = ((const Task *)a)->bytes, y = ((const Task *)b)->bytes;
+    return (x < y) - (x > y);
+}
+
+/* Prepare every node and list the merge's tasks, largest first; 0, -1 out of memory, -2 too
+ * large. */
+static int plan_merge(Shared *sh) {
+    int nn = sh->nnodes, nt = sh->nchunks;
+    Ctx *ctxs = sh->ctxs;
+    sh->pre = malloc((size_t)nn * sizeof(Col));
+    sh->tasks = malloc((size_t)nn * (size_t)nt * sizeof(Task));
+    if (!sh->pre || !sh->tasks) return -1;
+    for (int i = 0; i < nn; i++) sh->pre[i] = ctxs[0].cols[i];
+    for (int i = 0; i < nn; i++) {
+        int err = merge_prep(sh->nodes, i, ctxs, nt, sh->pre);
+        if (err) return err;
+    }
+    int ntasks = 0;
+    for (int i = 0; i < nn; i++) {
+        const Node *n = &sh->nodes[i];
+        int64_t bits = 0;
+        for (int t = 1; t < nt; t++) {
+            Col *col = &ctxs[t].cols[i];
+            bits += (int64_t)(col->valid.len + (n->kind == K_BOOL ? col->data.len : 0));
+            int64_t b = (int64_t)(col->offs.len + col->tids.len) +
+                        (n->kind == K_BOOL ? 0 : (int64_t)col->data.len);
+            if (b == 0 || n->kind == K_RECORD || n->kind == K_NULL || n->kind == K_BOOL) continue;
+            sh->tasks[ntasks++] = (Task){i, t, b};
+        }
+        if (has_bitmaps(n)) sh->tasks[ntasks++] = (Task){i, 0, bits};
+    }
+    qsort(sh->tasks, (size_t)ntasks, sizeof(Task), by_bytes_down);
+    sh->ntasks = ntasks;
+    return 0;
+}
+
+/* Decode all chunks and merge them into chunk 0, with nhelpers extra threads. Returns the merge
+ * error (0, -1 out of memory, -2 too large); decoding errors stay in the chunks' contexts. */
+int cd_decode_and_merge(Ctx *ctxs, int nchunks, const Node *nodes, int nnodes, int nhelpers) {
+    Shared *sh = calloc(1, sizeof(Shared));
+    if (!sh) return -1;
+    atomic_init(&sh->refs, 1);
+    atomic_init(&sh->next_chunk, 0);
+    atomic_init(&sh->next_task, 0);
+    atomic_init(&sh->chunks_done, 0);
+    atomic_init(&sh->tasks_done, 0);
+    atomic_init(&sh->phase, 0);
+    sh->nchunks = nchunks, sh->nnodes = nnodes, sh->ctxs = ctxs, sh->nodes = nodes;
+    pthread_mutex_init(&sh->mu, NULL);
+    pthread_cond_init(&sh->cv, NULL);
+    for (int h = 0; h < nhelpers; h++) {
+        pthread_t tid;
+        atomic_fetch_add(&sh->refs, 1);
+        if (pthread_create(&tid, NULL, helper_main, sh) == 0) pthread_detach(tid);
+        else atomic_fetch_sub(&sh->refs, 1);
+    }
+    decode_chunks(sh);
+    wait_for(sh, &sh->chunks_done, nchunks);
+    int any_err = 0, err = 0;
+    for (int t = 0; t < nchunks; t++) any_err |= ctxs[t].err != 0;
+    int merge = !any_err && nchunks > 1;
+    if (merge && (err = plan_merge(sh)) != 0) merge = 0;
+    pthread_mutex_lock(&sh->mu);
+    sh->phase = merge ? 1 : 2;
+    pthread_cond_broadcast(&sh->cv);
+    pthread_mutex_unlock(&sh->mu);
+    if (merge) {
+        merge_tasks(sh);
+        wait_for(sh, &sh->tasks_done, sh->ntasks);
+        pthread_mutex_lock(&sh->mu);
+        sh->phase = 2;
+        pthread_cond_broadcast(&sh->cv);
+        pthread_mutex_unlock(&sh->mu);
+    }
+    shared_release(sh);
+    return err;
+}
+
