@@ -25,7 +25,12 @@ setup(
         ),
         Extension(
             "arrowstash.avro._cencode",
-            ["src/arrowstash/avro/_encode.c"],
+            [
+                "src/arrowstash/avro/_encode.c",
+                "src/arrowstash/avro/_encode_rows.c",
+                "src/arrowstash/avro/_encode_bind.c",
+            ],
+            depends=["src/arrowstash/avro/_encode.h"],
             extra_compile_args=["-O3", "-pthread", "-Wall", "-Wno-missing-field-initializers"],
             extra_link_args=["-pthread"],
             optional=True,
