@@ -1,77 +1,20 @@
 /* The native Avro decoder's batch: reused memory, the threads that decode the chunks of a
  * batch, and the merge of their buffers into one set of columns (see _cdecode.h). */
 #include "_cdecode.h"
+#include "_reuse.h"
 
 
-/* -- reused memory ---------------------------------------------------------------------------
- * A fresh page costs a page fault on its first write: about 4,500 of them (a third of the time)
- * for a batch of 100,000 records whose output blocks came straight from the system each call.
- * So blocks of BLK_MIN bytes or more are kept when freed (output buffers once Arrow releases
- * them, the threads' parts after a merge), up to BLK_KEEP bytes in all, and the next buffers
- * that grow that large take them. */
-#define BLK_MIN ((size_t)64 << 10)
-#define BLK_KEEP ((size_t)128 << 20)
-#define BLK_SLOTS 256
-static struct { void *p; size_t cap; } blk_slot[BLK_SLOTS];
-static int blk_count;
-static size_t blk_bytes;
-static pthread_mutex_t blk_mu = PTHREAD_MUTEX_INITIALIZER;
+/* -- reused memory (see _reuse.h): up to 128 MiB in 256 blocks ---------------------------- */
+static Reuse kept = REUSE_INIT((size_t)128 << 20, 256);
 
-/* A block of at least *cap bytes (*cap becomes its real size), or NULL. A kept block is taken
- * when it is at most 4 times too large (best fit), so small requests leave the big ones. */
-void *cd_blk_alloc(size_t *cap) {
-    void *p = NULL;
-    if (*cap >= BLK_MIN) {
-        pthread_mutex_lock(&blk_mu);
-        int best = -1;
-        for (int i = 0; i < blk_count; i++)
-            if (blk_slot[i].cap >= *cap && blk_slot[i].cap / 4 <= *cap &&
-                (best < 0 || blk_slot[i].cap < blk_slot[best].cap))
-                best = i;
-        if (best >= 0) {
-            p = blk_slot[best].p;
-            *cap = blk_slot[best].cap;
-            blk_bytes -= *cap;
-            blk_slot[best] = blk_slot[--blk_count];
-        }
-        pthread_mutex_unlock(&blk_mu);
-    }
-    return p ? p : malloc(*cap);
-}
+void *cd_blk_alloc(size_t *cap) { return reuse_alloc(&kept, cap); }
 
-/* Free (or keep) a block of cap bytes from cd_blk_alloc or realloc. When there is no room, the
- * smallest kept blocks make way for a larger one (the small ones are the steps of growth). */
-void cd_blk_free(void *p, size_t cap) {
-    if (!p || cap < BLK_MIN || cap > BLK_KEEP) {
-        free(p);
-        return;
-    }
-    void *drop[BLK_SLOTS + 1];
-    int ndrop = 0;
-    pthread_mutex_lock(&blk_mu);
-    while (blk_count == BLK_SLOTS || blk_bytes + cap > BLK_KEEP) {
-        int small = 0;
-        for (int i = 1; i < blk_count; i++)
-            if (blk_slot[i].cap < blk_slot[small].cap) small = i;
-        if (blk_slot[small].cap >= cap) break;
-        drop[ndrop++] = blk_slot[small].p;
-        blk_bytes -= blk_slot[small].cap;
-        blk_slot[small] = blk_slot[--blk_count];
-    }
-    int kept = blk_count < BLK_SLOTS && blk_bytes + cap <= BLK_KEEP;
-    if (kept) {
-        blk_slot[blk_count].p = p;
-        blk_slot[blk_count++].cap = cap;
-        blk_bytes += cap;
-    }
-    pthread_mutex_unlock(&blk_mu);
-    for (int i = 0; i < ndrop; i++) free(drop[i]);
-    if (!kept) free(p);
-}
+void cd_blk_free(void *p, size_t cap) { reuse_free(&kept, p, cap); }
+
 int cd_buf_grow(Buf *b, size_t extra) {
     size_t cap = b->cap ? b->cap : 64;
     while (cap < b->len + extra) cap *= 2;
-    if (cap < BLK_MIN) { /* small: the C heap reuses its own memory */
+    if (cap < REUSE_MIN) { /* small: the C heap reuses its own memory */
         uint8_t *p = realloc(b->p, cap);
         if (!p) return -1;
         b->p = p;

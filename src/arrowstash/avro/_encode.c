@@ -25,73 +25,21 @@
  * the others.
  */
 #include "_encode.h"
+#include "_reuse.h"
 
 /* ---------------------------------------------------------------- reused memory */
 
-/* Reused memory. A fresh page costs a page fault (and the kernel's zeroing) on its first write:
- * Arrow's pool hands its freed pages back to the system after a while, so an encode called now
- * and then (a batch of 100,000 userdata rows: 12 MB out, 16 MB of scratch) spent a quarter of
- * its time in page faults. Blocks of BLK_MIN bytes or more are kept when freed (the output's
- * once Arrow releases it, scratch after a call), up to BLK_KEEP bytes in all, and later calls
- * take them (best fit, at most 4 times too large). */
-#define BLK_MIN ((size_t)64 << 10)
-#define BLK_KEEP ((size_t)64 << 20)
-#define BLK_SLOTS 32
-static struct { void *p; size_t cap; } blk_slot[BLK_SLOTS];
-static int blk_count;
-static size_t blk_bytes;
-static pthread_mutex_t blk_mu = PTHREAD_MUTEX_INITIALIZER;
+/* Reused memory (see _reuse.h): up to 64 MiB in 32 blocks. */
+#define KEEP_BYTES ((size_t)64 << 20)
+static Reuse kept = REUSE_INIT(KEEP_BYTES, 32);
 
 /* A block of at least *cap bytes (*cap becomes its size), or NULL. */
 void *ce_blk_alloc(size_t *cap) {
-    void *p = NULL;
     if (*cap < 64) *cap = 64;
-    if (*cap >= BLK_MIN) {
-        pthread_mutex_lock(&blk_mu);
-        int best = -1;
-        for (int i = 0; i < blk_count; i++)
-            if (blk_slot[i].cap >= *cap && blk_slot[i].cap / 4 <= *cap &&
-                (best < 0 || blk_slot[i].cap < blk_slot[best].cap))
-                best = i;
-        if (best >= 0) {
-            p = blk_slot[best].p;
-            *cap = blk_slot[best].cap;
-            blk_bytes -= *cap;
-            blk_slot[best] = blk_slot[--blk_count];
-        }
-        pthread_mutex_unlock(&blk_mu);
-    }
-    return p ? p : malloc(*cap);
+    return reuse_alloc(&kept, cap);
 }
 
-/* Keep (or free) a block; a larger block pushes out smaller kept ones when there is no room. */
-void ce_blk_free(void *p, size_t cap) {
-    if (p == NULL || cap < BLK_MIN || cap > BLK_KEEP) {
-        free(p);
-        return;
-    }
-    void *drop[BLK_SLOTS];
-    int n_drop = 0, kept = 0;
-    pthread_mutex_lock(&blk_mu);
-    while (blk_count > 0 && (blk_count == BLK_SLOTS || blk_bytes + cap > BLK_KEEP)) {
-        int small = 0;
-        for (int i = 1; i < blk_count; i++)
-            if (blk_slot[i].cap < blk_slot[small].cap) small = i;
-        if (blk_slot[small].cap >= cap) break;
-        drop[n_drop++] = blk_slot[small].p;
-        blk_bytes -= blk_slot[small].cap;
-        blk_slot[small] = blk_slot[--blk_count];
-    }
-    if (blk_count < BLK_SLOTS && blk_bytes + cap <= BLK_KEEP) {
-        blk_slot[blk_count].p = p;
-        blk_slot[blk_count++].cap = cap;
-        blk_bytes += cap;
-        kept = 1;
-    }
-    pthread_mutex_unlock(&blk_mu);
-    for (int i = 0; i < n_drop; i++) free(drop[i]);
-    if (!kept) free(p);
-}
+void ce_blk_free(void *p, size_t cap) { reuse_free(&kept, p, cap); }
 
 
 /* ---------------------------------------------------------------- threads */
@@ -353,7 +301,7 @@ static PyObject *py_encode(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     parallel(copy_out, tasks, n_threads);
     Py_END_ALLOW_THREADS
-    if (data_cap > BLK_KEEP && (size_t)pos < data_cap) {
+    if (data_cap > KEEP_BYTES && (size_t)pos < data_cap) {
         /* too large to be kept for reuse: give the scratch's unused end back to the system */
         uint8_t *fit = realloc(data, pos ? (size_t)pos : 1);
         if (fit != NULL) {
