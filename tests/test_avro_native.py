@@ -410,3 +410,45 @@ def test_bad_utf8_far_into_a_range_is_found_by_the_periodic_check(threads: int) 
         assert both(earlier, schema, threads=threads)[0] == both(earlier, schema)[1]
     native, python = both(messages, schema, threads=threads)
     assert_same(native, python)
+
+
+def _mapping_of(address: int) -> dict[str, str]:
+    """The /proc/self/smaps fields of the mapping holding ``address``."""
+    fields: dict[str, str] = {}
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside:
+                fields[head.rstrip(":")] = line.split(":", 1)[1].strip()
+    return fields
+
+
+def _huge_pages_on_request() -> bool:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return "[never]" not in f.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _huge_pages_on_request(), reason="no transparent huge pages here")
+def test_large_outputs_lie_on_huge_pages() -> None:
+    """Blocks of 2 MiB and more start on a 2 MiB boundary in a mapping the kernel may back with
+    huge pages: a batch read long after it was written (any other work in between) then misses
+    the TLB once per 2 MiB instead of once per 4 KiB page of every column."""
+    from arrowstash.avro.encoder import encode
+
+    schema = {"type": "record", "name": "R", "fields": [{"name": "s", "type": "string"}]}
+    messages = write(schema, [{"s": f"{i:07d}" * 40} for i in range(20_000)])  # 5.6 MB
+    batch, _ = decode_messages(messages, parse_schema(schema), threads=1, native=True)
+    encoded = encode(batch, schema, threads=1)
+    for array in (batch.column(0), encoded):
+        data = array.buffers()[2]
+        assert data.size > 2 << 20
+        assert data.address % (2 << 20) == 0
+        assert _mapping_of(data.address).get("THPeligible") == "1"
+    assert encoded.to_pylist() == messages

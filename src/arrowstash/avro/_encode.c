@@ -303,11 +303,8 @@ static PyObject *py_encode(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     if (data_cap > KEEP_BYTES && (size_t)pos < data_cap) {
         /* too large to be kept for reuse: give the scratch's unused end back to the system */
-        uint8_t *fit = realloc(data, pos ? (size_t)pos : 1);
-        if (fit != NULL) {
-            data = fit;
-            data_cap = pos ? (size_t)pos : 1;
-        }
+        uint8_t *fit = reuse_sys_shrink(data, &data_cap, (size_t)pos);
+        if (fit != NULL) data = fit;
     }
     data_obj = block_take(&data, pos, data_cap);
     offs_obj = sh.large ? block_take(&ends, (sh.total + 1) * 8, ends_cap)

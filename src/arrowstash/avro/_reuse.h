@@ -8,10 +8,71 @@
 #define ARROWSTASH_REUSE_H
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #define REUSE_MIN ((size_t)64 << 10)
 #define REUSE_MAX_SLOTS 256
+
+/* Blocks of REUSE_HUGE bytes or more are whole, aligned huge pages where the system has them
+ * (Linux, transparent huge pages on request): decoding or encoding a batch whose buffers have
+ * not been touched for a while (any other work in between) missed the TLB on every 4 KiB page
+ * of every column, and each miss is a page walk through two sets of page tables on a VM. */
+#define REUSE_HUGE ((size_t)2 << 20)
+#if defined(__linux__) && defined(MADV_HUGEPAGE) && !defined(__SANITIZE_ADDRESS__)
+#define REUSE_MAP 1 /* (under AddressSanitizer every block comes from malloc, which it checks) */
+#endif
+
+static void *reuse_sys_alloc(size_t *cap) {
+#ifdef REUSE_MAP
+    if (*cap >= REUSE_HUGE) {
+        size_t size = (*cap + REUSE_HUGE - 1) & ~(REUSE_HUGE - 1);
+        uint8_t *p = mmap(NULL, size + REUSE_HUGE, PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) return NULL;
+        uint8_t *a = (uint8_t *)(((uintptr_t)p + REUSE_HUGE - 1) & ~(uintptr_t)(REUSE_HUGE - 1));
+        if (a > p) munmap(p, (size_t)(a - p));
+        if (a + size < p + size + REUSE_HUGE) munmap(a + size, (size_t)(p + REUSE_HUGE - a));
+        madvise(a, size, MADV_HUGEPAGE);
+        *cap = size;
+        return a;
+    }
+#endif
+    return malloc(*cap);
+}
+
+/* Free a block of `cap` bytes from reuse_sys_alloc. */
+static void reuse_sys_free(void *p, size_t cap) {
+#ifdef REUSE_MAP
+    if (p && cap >= REUSE_HUGE) {
+        munmap(p, cap);
+        return;
+    }
+#endif
+    free(p);
+}
+
+/* Give the end of a block of *cap bytes, of which `used` are needed, back to the system;
+ * returns the block (maybe moved) and sets *cap, or returns NULL and leaves both as they were. */
+static void *reuse_sys_shrink(void *p, size_t *cap, size_t used) {
+#ifdef REUSE_MAP
+    if (*cap >= REUSE_HUGE) {
+        size_t keep = (used + REUSE_HUGE - 1) & ~(REUSE_HUGE - 1);
+        if (keep < REUSE_HUGE) keep = REUSE_HUGE;
+        if (keep < *cap) {
+            munmap((uint8_t *)p + keep, *cap - keep);
+            *cap = keep;
+        }
+        return p;
+    }
+#endif
+    void *fit = realloc(p, used ? used : 1);
+    if (fit) *cap = used ? used : 1;
+    return fit;
+}
 
 typedef struct {
     size_t keep;  /* bytes kept at most */
@@ -43,17 +104,18 @@ static void *reuse_alloc(Reuse *r, size_t *cap) {
         }
         pthread_mutex_unlock(&r->mu);
     }
-    return p ? p : malloc(*cap);
+    return p ? p : reuse_sys_alloc(cap);
 }
 
 /* Free (or keep) a block of cap bytes from reuse_alloc or realloc. When there is no room, the
  * smallest kept blocks make way for a larger one (the small ones are the steps of growth). */
 static void reuse_free(Reuse *r, void *p, size_t cap) {
     if (!p || cap < REUSE_MIN || cap > r->keep) {
-        free(p);
+        reuse_sys_free(p, cap);
         return;
     }
     void *drop[REUSE_MAX_SLOTS];
+    size_t drop_cap[REUSE_MAX_SLOTS];
     int n_drop = 0, kept = 0;
     pthread_mutex_lock(&r->mu);
     while (r->count > 0 && (r->count == r->slots || r->bytes + cap > r->keep)) {
@@ -61,6 +123,7 @@ static void reuse_free(Reuse *r, void *p, size_t cap) {
         for (int i = 1; i < r->count; i++)
             if (r->slot[i].cap < r->slot[small].cap) small = i;
         if (r->slot[small].cap >= cap) break;
+        drop_cap[n_drop] = r->slot[small].cap;
         drop[n_drop++] = r->slot[small].p;
         r->bytes -= r->slot[small].cap;
         r->slot[small] = r->slot[--r->count];
@@ -72,8 +135,8 @@ static void reuse_free(Reuse *r, void *p, size_t cap) {
         kept = 1;
     }
     pthread_mutex_unlock(&r->mu);
-    for (int i = 0; i < n_drop; i++) free(drop[i]);
-    if (!kept) free(p);
+    for (int i = 0; i < n_drop; i++) reuse_sys_free(drop[i], drop_cap[i]);
+    if (!kept) reuse_sys_free(p, cap);
 }
 
 #endif
