@@ -175,6 +175,26 @@ def test_threads_split_rows_but_not_results() -> None:
     assert decode_blocks(blocks, schema, threads=2).equals(one)
 
 
+def test_large_parts_merge_like_one_thread() -> None:
+    """Parts of 64 KiB and more are merged around the cache, from and to any alignment: the
+    threads' batch is the one thread's, and holds the records."""
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "s", "type": "string"}, {"name": "n", "type": ["null", "long"]},
+        {"name": "t", "type": {"type": "array", "items": "string"}}]}
+    records = [{"s": "x" * (i % 61), "n": None if i % 7 == 0 else i * 3,
+                "t": [f"{i}-{j}" for j in range(i % 4)]} for i in range(180_000)]
+    messages = write(schema, records)  # "s": 5.4 MB of strings; a second thread's first part
+    # holds about 20,000 rows: 80 kB of offsets in each column
+    one, _ = decode_messages(messages, parse_schema(schema), threads=1, native=True)
+    for threads in (2, 3):
+        many, _ = decode_messages(messages, parse_schema(schema), threads=threads, native=True)
+        many.validate(full=True)
+        assert many.equals(one)
+    assert one.slice(0, 3000).to_pylist() == records[:3000]
+    assert one.slice(177_000).to_pylist() == records[177_000:]
+    assert all(one.slice(i, 1).to_pylist()[0] == records[i] for i in range(0, 180_000, 997))
+
+
 def test_native_releases_the_gil_during_a_long_decode() -> None:
     """Another Python thread keeps running while one decode call works through a big batch."""
     schema = {"type": "record", "name": "R", "fields": [

@@ -72,6 +72,60 @@ static int bits_append(Buf *dst, int64_t dst_bits, const Buf *src, int64_t nbits
     return 0;
 }
 
+/* Large parts are copied around the cache (non-temporal stores, SSE2 being part of x86-64):
+ * their place, the merged buffers' far end, is memory this call has not touched, and an
+ * ordinary store to a line that is not in the cache first reads it from memory. On this
+ * machine's VM that made a cold 8 MB copy 1.2 ms with memcpy and 0.75 ms around the cache. */
+#define AROUND_CACHE ((size_t)64 << 10)
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+
+static void copy_part(uint8_t *restrict d, const uint8_t *restrict s, size_t n) {
+    if (n < AROUND_CACHE) {
+        memcpy(d, s, n);
+        return;
+    }
+    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+    memcpy(d, s, head);
+    size_t i = head;
+    for (; i + 64 <= n; i += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
+        __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
+        __m128i e = _mm_loadu_si128((const __m128i *)(s + i + 48));
+        _mm_stream_si128((__m128i *)(d + i), a);
+        _mm_stream_si128((__m128i *)(d + i + 16), b);
+        _mm_stream_si128((__m128i *)(d + i + 32), c);
+        _mm_stream_si128((__m128i *)(d + i + 48), e);
+    }
+    memcpy(d + i, s + i, n - i);
+    _mm_sfence(); /* before the task counts as done: the stores are weakly ordered */
+}
+
+/* d[i] = s[i] + base for n offsets. */
+static void rebase_part(int32_t *restrict d, const int32_t *restrict s, int64_t n, int32_t base) {
+    int64_t i = 0;
+    if ((size_t)n * 4 >= AROUND_CACHE) {
+        for (; i < n && ((uintptr_t)(d + i) & 15); i++) d[i] = s[i] + base;
+        __m128i b = _mm_set1_epi32(base);
+        for (; i + 4 <= n; i += 4)
+            _mm_stream_si128((__m128i *)(d + i),
+                             _mm_add_epi32(_mm_loadu_si128((const __m128i *)(s + i)), b));
+        _mm_sfence();
+    }
+    for (; i < n; i++) d[i] = s[i] + base;
+}
+#else
+static void copy_part(uint8_t *restrict d, const uint8_t *restrict s, size_t n) {
+    memcpy(d, s, n);
+}
+
+static void rebase_part(int32_t *restrict d, const int32_t *restrict s, int64_t n, int32_t base) {
+    for (int64_t i = 0; i < n; i++) d[i] = s[i] + base;
+}
+#endif
+
 /* The chunks after the first are appended to chunk 0's buffers (chunk order = row order), so
  * only their parts are copied. The merge is cut into tasks that run in parallel: one per node
  * and later chunk, copying that chunk's values, offsets (rebased) and type ids to the place
@@ -142,12 +196,10 @@ static void merge_part(const Node *nodes, int ni, int t, Ctx *ctxs, int nt, cons
             base = pre[c].length;
             for (int u = 1; u < t; u++) base += ctxs[u].cols[c].length;
         } else if (col->data.len) {
-            memcpy(out->data.p + data, col->data.p, col->data.len);
+            copy_part(out->data.p + data, col->data.p, col->data.len);
         }
-        const int32_t *restrict src = (const int32_t *)col->offs.p + 1;
-        int32_t *restrict dst = (int32_t *)out->offs.p + rows + 1;
-        int32_t b = (int32_t)base;
-        for (int64_t i = 0; i < col->length; i++) dst[i] = src[i] + b;
+        rebase_part((int32_t *)out->offs.p + rows + 1, (const int32_t *)col->offs.p + 1,
+                    col->length, (int32_t)base);
         return;
     }
     case K_UNION: {
@@ -164,7 +216,7 @@ static void merge_part(const Node *nodes, int ni, int t, Ctx *ctxs, int nt, cons
         return;
     }
     default:
-        if (col->data.len) memcpy(out->data.p + data, col->data.p, col->data.len);
+        if (col->data.len) copy_part(out->data.p + data, col->data.p, col->data.len);
     }
 }
 
