@@ -108,6 +108,10 @@ class Plan:
     checked: set[Any] = field(default_factory=set)  # normalised types seen to fit arrow_type
     #: fields the input has no column for: their default, as a column of a given length
     defaults: dict[str, Callable[[int], Any]] = field(default_factory=dict)
+    input_schema: Any = None  # the pa.Schema compiled against
+    #: the input batches are read as they are (every column in the layout the encoder reads,
+    #: none missing): None, else the columns to select (an empty list: all, in their order)
+    passthrough: list[str] | None = None
 
     def nodes(self) -> list[Node]:
         return self.root.walk()
@@ -152,6 +156,12 @@ def compile_plan(root: AvroType, input_schema: Any) -> Plan:
         plan = Plan(node, [(name, norm)], node.arrow)
     for i, n in enumerate(plan.nodes()):
         n.id = i
+    plan.input_schema = input_schema
+    order = [name for name, _ in plan.normalize_columns]
+    if (plan.root.kind == K_RECORD and not plan.defaults
+            and all(norm is _same for _, norm in plan.normalize_columns)
+            and same_layout(pa.struct([input_schema.field(n) for n in order]), plan.arrow_type)):
+        plan.passthrough = [] if order == input_schema.names else order
     return plan
 
 

@@ -49,17 +49,18 @@ def encode(data: Any, schema: SchemaLike, *, threads: int | None = None) -> Any:
     wrong size, a decimal too wide for its fixed, ...).
     """
     parsed = parse_schema(schema)
-    batches = _batches(data)
+    batches = [b for b in _batches(data) if b.num_rows]
     try:
-        plan = _compiled(parsed, batches[0].schema if batches else data.schema)
+        plan = _plan_for(parsed, batches[0].schema if batches else data.schema)
     except PlanError as exc:
         raise AvroEncodeError(f"column {exc.path!r}: {exc.message}") from None
-    arrays, row = [], 0
-    for batch in batches:
-        if batch.num_rows:
-            arrays.append(_normalize(plan, batch, row))
-            row += batch.num_rows
+    row = sum(b.num_rows for b in batches)
     native = _native()
+    if plan.passthrough is not None and native is not None:
+        # the batches as they are: no struct array to build, no type to check (the plan did)
+        arrays = [b.select(plan.passthrough) if plan.passthrough else b for b in batches]
+    else:
+        arrays = _normalized(plan, batches)
     if native is None:
         return _encode_python(plan.root, arrays)
     n_threads = _thread_count(threads, row)
@@ -68,7 +69,7 @@ def encode(data: Any, schema: SchemaLike, *, threads: int | None = None) -> Any:
         plan.native, capsules, n_threads, _scratch_guess(arrays, row)
     )
     if error is not None:
-        raise _describe_native_error(plan, arrays, error)
+        raise _describe_native_error(plan, _normalized(plan, batches), error)
     # the native encoder's own memory, read in place (it takes the memory back once released)
     kind = pa.large_binary() if large else pa.binary()
     return pa.Array.from_buffers(kind, row, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
@@ -91,6 +92,32 @@ except ImportError:  # pragma: no cover - depends on the build
 def _compiled(schema: Schema, input_schema: Any) -> Plan:
     """Plans are compiled once per (schema, input Arrow schema): small batches stay cheap."""
     return compile_plan(schema.root, input_schema)
+
+
+_last: tuple[Schema, Plan] | None = None
+
+
+def _plan_for(schema: Schema, input_schema: Any) -> Plan:
+    """The last call's plan when the schemas are the same ones (or equal), else _compiled's:
+    hashing an Arrow schema for the cache walks every field's type in Python."""
+    global _last
+    last = _last
+    if last is not None and last[0] is schema and (
+        last[1].input_schema is input_schema or last[1].input_schema.equals(input_schema)
+    ):
+        return last[1]
+    plan = _compiled(schema, input_schema)
+    _last = (schema, plan)
+    return plan
+
+
+def _normalized(plan: Plan, batches: Sequence[Any]) -> list[Any]:
+    """Every batch's columns normalised (see _normalize), rows numbered across batches."""
+    arrays, row = [], 0
+    for batch in batches:
+        arrays.append(_normalize(plan, batch, row))
+        row += batch.num_rows
+    return arrays
 
 
 def _native() -> Any:
