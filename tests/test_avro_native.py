@@ -474,3 +474,20 @@ def test_large_outputs_lie_on_huge_pages() -> None:
         assert _mapping_of(data.address).get("THPeligible") == "1"
         assert _mapping_of(offsets.address).get("THPeligible") == "1"
     assert encoded.to_pylist() == messages
+
+
+def test_held_outputs_never_share_memory_across_regions() -> None:
+    """Batches held at once take more than one 32 MiB region of small blocks: each keeps its
+    own values while later calls decode into the other blocks of the pool and the regions."""
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "s", "type": "string"}, {"name": "a", "type": {"type": "array", "items": "long"}}]}
+    records = [{"s": f"{i:06d}" * (1 + i % 3), "a": [i, -i][: i % 3]} for i in range(50_000)]
+    messages = pa.array(write(schema, records), pa.binary())
+    parsed = parse_schema(schema)
+    held = [decode_messages(messages.slice(k * 500, 30_000), parsed, threads=1 + k % 2,
+                            native=True)[0] for k in range(40)]  # over 32 MiB of small blocks
+    for k in (0, 17, 39):
+        assert held[k].slice(0, 200).to_pylist() == records[k * 500 : k * 500 + 200]
+    for k, batch in enumerate(held):
+        again, _ = decode_messages(messages.slice(k * 500, 30_000), parsed, native=True)
+        assert batch.equals(again), k

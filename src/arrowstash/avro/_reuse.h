@@ -74,7 +74,7 @@ static void *reuse_sys_alloc(Reuse *r, size_t *cap) {
             if (r->next == NULL || (size_t)(r->end - r->next) < size) {
                 uint8_t *region = reuse_map(REUSE_REGION);
                 if (region == NULL) return NULL;
-                if (r->next) munmap(r->next, (size_t)(r->end - r->next));
+                if (r->next < r->end) munmap(r->next, (size_t)(r->end - r->next));
                 r->next = region;
                 r->end = region + REUSE_REGION;
             }
