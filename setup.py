@@ -21,6 +21,7 @@ setup(
             depends=["src/arrowstash/avro/_cdecode.h", "src/arrowstash/avro/_reuse.h"],
             extra_compile_args=["-O3", "-pthread", "-Wall", "-Wno-missing-field-initializers"],
             extra_link_args=["-pthread"],
+            libraries=["dl"],  # dlopen: libdeflate, where the system has it
             optional=True,
         ),
         Extension(

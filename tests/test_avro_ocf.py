@@ -153,7 +153,7 @@ def test_a_wrong_sync_marker_names_its_block(tmp_path: Path) -> None:
         read_ocf(bytes(data))
 
 
-def test_bad_compressed_data_names_its_block(tmp_path: Path) -> None:
+def test_bad_compressed_data_names_its_block(tmp_path: Path, inflate: str) -> None:
     path = _fastavro_file(tmp_path / "d.avro", "deflate", RECORDS[:50], block=10)
     data = bytearray(path.read_bytes())
     header = header_of(path)
@@ -212,11 +212,23 @@ def test_the_package_exports_every_name_it_lists() -> None:
     assert avro.read_ocf is read_ocf and avro.write_ocf is write_ocf
 
 
-# -- compressed files: one run of blocks per thread, ISA-L or zlib inflate ------------------------
+# -- compressed files: one run of blocks per thread; libdeflate, ISA-L or zlib inflate -----------
+
+@pytest.fixture(params=["native", "python"])
+def inflate(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Deflate blocks inflated inside the native decoder (libdeflate) or by Python."""
+    from arrowstash.avro.codec import native_inflate_available
+
+    monkeypatch.setenv("ARROWSTASH_AVRO_LIBDEFLATE", "1" if request.param == "native" else "0")
+    if request.param == "native" and not native_inflate_available():
+        pytest.skip("the native decoder is not built or the system has no libdeflate")
+    return str(request.param)
+
 
 @pytest.mark.parametrize("codec", ["deflate", "snappy", "bzip2"])
 @pytest.mark.parametrize("threads", [2, 3, 7])
-def test_runs_of_blocks_read_like_one_thread(tmp_path: Path, codec: str, threads: int) -> None:
+def test_runs_of_blocks_read_like_one_thread(tmp_path: Path, codec: str, threads: int,
+                                             inflate: str) -> None:
     path = _fastavro_file(tmp_path / "f.avro", codec, block=37)  # 55 blocks of uneven size
     table = read_ocf(path, threads=threads)
     assert _rows(table) == RECORDS
@@ -256,7 +268,8 @@ def _deflated_file(path: Path, corrupt: dict[int, bytes]) -> bytes:
     return out
 
 
-def test_a_bad_block_in_a_later_run_is_reported_by_its_file_index(tmp_path: Path) -> None:
+def test_a_bad_block_in_a_later_run_is_reported_by_its_file_index(tmp_path: Path,
+                                                                  inflate: str) -> None:
     path = _fastavro_file(tmp_path / "d.avro", "null", block=37)
     assert _rows(read_ocf(_deflated_file(path, {}), threads=2)) == RECORDS
     data = bytearray(_deflated_file(path, {}))
@@ -269,12 +282,81 @@ def test_a_bad_block_in_a_later_run_is_reported_by_its_file_index(tmp_path: Path
         read_ocf(bytes(data), threads=2)
 
 
-def test_a_bad_datum_in_a_later_run_names_its_file_block(tmp_path: Path) -> None:
+def test_a_bad_datum_in_a_later_run_names_its_file_block(tmp_path: Path, inflate: str) -> None:
     path = _fastavro_file(tmp_path / "n.avro", "null", block=37)
     data = _deflated_file(path, {40: b"\x7f"})  # the first station's length: -64
     with pytest.raises(AvroDecodeError,
                        match=r"^block 40, datum 0 .*\(block 40 starts at byte \d+ "):
         read_ocf(data, threads=2)
+
+
+def test_libdeflate_is_used_where_the_system_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ctypes.util
+
+    from arrowstash.avro import codec
+
+    if codec._cdecode is None:
+        pytest.skip("the native Avro decoder is not built")
+    assert codec._cdecode.native_inflate() == (ctypes.util.find_library("deflate") is not None)
+    monkeypatch.setenv("ARROWSTASH_AVRO_LIBDEFLATE", "0")
+    assert not codec.native_inflate_available()
+
+
+def test_blocks_that_inflate_far_past_their_size(tmp_path: Path, inflate: str) -> None:
+    """Blocks of 4 MB that deflate to a few kB: the native inflater's buffer grows and
+    inflates again until each fits (the native call itself succeeds: a failure would be
+    retried by Python)."""
+    schema = {"type": "record", "name": "Big", "fields": [{"name": "s", "type": "string"}]}
+    records = [{"s": chr(65 + i % 26) * (1 << 20)} for i in range(12)]
+    path = tmp_path / "big.avro"
+    with open(path, "wb") as out:
+        fastavro.writer(out, fastavro.parse_schema(schema), records, codec="deflate",
+                        sync_interval=4 << 20)
+    assert len(path.read_bytes()) < 100_000
+    for threads in (1, 2):
+        assert _rows(read_ocf(path, threads=threads)) == records
+    if inflate == "native":
+        from arrowstash.avro.codec import decode_deflated
+        from arrowstash.avro.ocf import _blocks, read_header
+
+        data = memoryview(path.read_bytes())
+        blocks, _ = _blocks(data, read_header(data))
+        batch = decode_deflated([b.data for b in blocks], [b.count for b in blocks], schema)
+        assert batch is not None and batch.to_pylist() == records
+
+
+@settings(max_examples=150, deadline=None)
+@given(payload=st.binary(max_size=2000) | st.text(max_size=400).map(str.encode),
+       level=st.integers(0, 9), flips=st.lists(st.tuples(st.integers(0), st.integers(0, 255)),
+                                               max_size=3))
+def test_native_inflate_reads_what_python_inflate_reads(payload: bytes, level: int,
+                                                        flips: list[tuple[int, int]]) -> None:
+    """A one-block deflate file of one ``bytes`` datum, its stream damaged or not: the same
+    value, or the same error, whoever inflates."""
+    from arrowstash.avro.codec import native_inflate_available
+    from arrowstash.avro.ocf import _header_bytes, _long
+
+    if not native_inflate_available():
+        pytest.skip("the native decoder is not built or the system has no libdeflate")
+    schema = '{"type": "record", "name": "B", "fields": [{"name": "b", "type": "bytes"}]}'
+    squeeze = zlib.compressobj(level, zlib.DEFLATED, -15)
+    stream = bytearray(squeeze.compress(_long(len(payload)) + payload) + squeeze.flush())
+    for at, value in flips:
+        stream[at % len(stream)] = value
+    sync = bytes(range(16))
+    data = (_header_bytes({"avro.schema": schema.encode(), "avro.codec": b"deflate"}, sync)
+            + _long(1) + _long(len(stream)) + bytes(stream) + sync)
+    outcomes = []
+    for native in ("1", "0"):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("ARROWSTASH_AVRO_LIBDEFLATE", native)
+            try:
+                outcomes.append(_rows(read_ocf(data, threads=2)))
+            except AvroDecodeError as exc:
+                outcomes.append(str(exc))
+    assert outcomes[0] == outcomes[1]
+    if not flips:
+        assert outcomes[0] == [{"b": payload}]
 
 
 def _zlib_inflate(data: bytes) -> bytes | str:

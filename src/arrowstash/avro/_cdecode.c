@@ -495,6 +495,8 @@ static PyMethodDef methods[] = {
      "decode_concat(plan, data, offsets, width, first, n, validity, nthreads, validate_utf8, "
      "confluent, min_bytes)"},
     {"scan_blocks", cd_scan_blocks, METH_VARARGS, "scan_blocks(data, pos, sync) -> (table, pos)"},
+    {"native_inflate", cd_native_inflate, METH_NOARGS,
+     "native_inflate() -> whether BlockStream can take deflated blocks (libdeflate is there)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -123,6 +123,7 @@ PyObject *cd_node_buffers(const Node *n, Col *col);
 /* _cdecode_blocks.c */
 extern PyTypeObject cd_StreamType;
 PyObject *cd_scan_blocks(PyObject *self, PyObject *args);
+PyObject *cd_native_inflate(PyObject *self, PyObject *unused);
 #pragma GCC visibility pop
 
 /* -- buffers ------------------------------------------------------------------------------- */

@@ -48,6 +48,13 @@ def native_available() -> bool:
     return _cdecode is not None and os.environ.get("ARROWSTASH_AVRO_NATIVE", "1") != "0"
 
 
+def native_inflate_available() -> bool:
+    """Whether the C decoder can inflate deflate blocks itself: it is built and the system has
+    libdeflate, and ``ARROWSTASH_AVRO_LIBDEFLATE=0`` does not turn that off."""
+    return (native_available() and os.environ.get("ARROWSTASH_AVRO_LIBDEFLATE", "1") != "0"
+            and bool(_cdecode.native_inflate()))
+
+
 @functools.lru_cache(maxsize=64)
 def _compiled(schema: Schema) -> _plan.Plan:
     return _plan.compile_plan(schema)
@@ -147,6 +154,21 @@ def decode_stream(
     for buffers, counts, left in batches:
         if not stream.feed(buffers, counts, left):
             return None
+    columns = stream.finish()
+    return None if columns is None else _plan.assemble(plan, columns)
+
+
+def decode_deflated(
+    blocks: Sequence[Any], counts: Sequence[int], schema: SchemaLike, *,
+    validate_utf8: bool = True,
+) -> pa.RecordBatch | None:
+    """Raw-deflate blocks of ``counts`` datums, inflated and decoded one by one by the native
+    decoder in a single GIL-free call, into one batch; None if a block is bad (the caller then
+    runs ``decode_blocks`` in order for the error). Needs ``native_inflate_available()``."""
+    plan = _compiled(parse_schema(schema))
+    stream = _cdecode.BlockStream(plan.native, validate_utf8, True)
+    if not stream.feed(blocks, counts, 0):
+        return None
     columns = stream.finish()
     return None if columns is None else _plan.assemble(plan, columns)
 

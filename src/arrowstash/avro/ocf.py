@@ -29,7 +29,13 @@ from typing import IO, Any, BinaryIO, TypeAlias, cast
 import pyarrow as pa
 
 from arrowstash.avro._np import numpy as np
-from arrowstash.avro.codec import decode_blocks, decode_stream, scan_blocks
+from arrowstash.avro.codec import (
+    decode_blocks,
+    decode_deflated,
+    decode_stream,
+    native_inflate_available,
+    scan_blocks,
+)
 from arrowstash.avro.encoder import encode
 from arrowstash.avro.framing import offsets_and_data
 from arrowstash.avro.from_arrow import from_arrow_schema
@@ -472,6 +478,9 @@ def _read_runs(codec: str, blocks: list[_Block], writer: Any,
             yield payloads, [block.count for block in group], left
 
     def run(blocks: list[_Block]) -> pa.RecordBatch | None:
+        if codec == "deflate" and native_inflate_available():
+            return decode_deflated([block.data for block in blocks],
+                                   [block.count for block in blocks], writer)
         try:
             return decode_stream(inflated(blocks), writer)
         except errors:
