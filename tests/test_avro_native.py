@@ -491,3 +491,79 @@ def test_held_outputs_never_share_memory_across_regions() -> None:
     for k, batch in enumerate(held):
         again, _ = decode_messages(messages.slice(k * 500, 30_000), parsed, native=True)
         assert batch.equals(again), k
+
+
+_POOL_SCRIPT = """
+import os, sys, time
+import pyarrow as pa
+from arrowstash.avro import decode
+
+schema = {"type": "record", "name": "R", "fields": [{"name": "s", "type": "string"},
+                                                     {"name": "n", "type": "long"}]}
+from arrowstash.avro.encoder import encode
+records = [{"s": f"v{i}" * 20, "n": i} for i in range(60_000)]
+messages = encode(pa.RecordBatch.from_pylist(records), schema, threads=1)
+rows = decode(messages, schema, threads=1)
+
+
+def tasks() -> int:
+    time.sleep(0.2)  # a helper that ends after a batch is gone by then
+    return len(os.listdir("/proc/self/task"))
+
+
+counts = [tasks()]
+for _ in range(3):
+    assert decode(messages, schema, threads=2).equals(rows)
+    counts.append(tasks())
+print(*counts)
+if sys.argv[1] == "fork":
+    pid = os.fork()
+    if pid == 0:  # the parent's helpers are not here: the child starts its own
+        ok = decode(messages, schema, threads=2).equals(rows)
+        ok = ok and decode(messages, schema, threads=3).equals(rows)
+        os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            print("child", os.waitstatus_to_exitcode(status))
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        print("child hung")
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
+def test_helper_threads_are_kept_between_batches_and_not_inherited_by_a_fork() -> None:
+    """The first two-thread batch starts one helper, which then waits for the next batch
+    instead of ending; a forked child (which has none of its parent's threads) decodes with
+    helpers of its own."""
+    out = subprocess.run([sys.executable, "-c", _POOL_SCRIPT, "fork"], capture_output=True,
+                         text=True, timeout=120, check=True).stdout.split("\n")
+    counts = [int(n) for n in out[0].split()]
+    assert counts[1] == counts[0] + 1 and counts[3] == counts[1], counts
+    assert out[1] == "child 0", out
+
+
+def test_batches_decoded_at_once_from_several_threads_share_the_helpers() -> None:
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "s", "type": "string"}, {"name": "a", "type": {"type": "array", "items": "int"}}]}
+    records = [{"s": f"{i}" * (i % 9), "a": list(range(i % 5))} for i in range(20_000)]
+    messages = pa.array(write(schema, records), pa.binary())
+    parsed = parse_schema(schema)
+    expected, _ = decode_messages(messages, parsed, threads=1, native=True)
+    results: list[bool] = []
+
+    def work(threads: int) -> None:
+        for _ in range(5):
+            batch, _ = decode_messages(messages, parsed, threads=threads, native=True)
+            results.append(batch.equals(expected))
+
+    workers = [threading.Thread(target=work, args=(2 + k % 3,)) for k in range(6)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert results == [True] * 30

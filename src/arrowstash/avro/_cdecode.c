@@ -229,7 +229,7 @@ static int64_t bytes_before(const Lazy *lz, int64_t s, int64_t nsegs, int64_t to
     return s < nsegs ? lz_off(lz, s) - lz_off(lz, 0) : total;
 }
 
-#define CHUNKS_PER_THREAD 8
+#define CHUNKS_PER_THREAD 4
 
 /* `lazy`: non-NULL for one buffer and its offsets: the sizes of ranges are then differences of
  * offsets, so the calling thread finds the threads' ranges by bisection instead of a walk over
@@ -506,6 +506,7 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__cdecode(void) {
     cd_values_init();
+    cd_pool_init();
     if (PyType_Ready(&CBufType) < 0 || PyType_Ready(&cd_StreamType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m && PyModule_AddObjectRef(m, "BlockStream", (PyObject *)&cd_StreamType) < 0) {

@@ -107,12 +107,14 @@ int cd_buf_grow(Buf *b, size_t extra);
 void *cd_zalloc_lines(size_t size);
 /* _cdecode_batch.c: chunks decoded by threads, then merged into chunk 0's columns */
 int cd_decode_and_merge(Ctx *ctxs, int nchunks, const Node *nodes, int nnodes, int nhelpers);
+void cd_pool_init(void); /* once, at import: fork handlers for the kept helper threads */
 /* _cdecode_values.c */
 void cd_values_init(void);
 void cd_bind_node(Node *nd);
 int cd_strings_valid(Ctx *c);
 int cd_reset_cols(Ctx *c);
-void cd_presize(Ctx *c, int64_t done_bytes, int64_t left_bytes);
+void cd_presize(Ctx *c, int64_t done_bytes, int64_t left_bytes, double margin);
+#define PRESIZE_MARGIN 1.05 /* over a guess from a 32nd of the input */
 void cd_run_range(Ctx *c);
 void cd_run_segments(Ctx *c);
 /* _cdecode.c */

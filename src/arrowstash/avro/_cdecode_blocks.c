@@ -154,7 +154,7 @@ static void feed_deflated(Stream *self, const Seg *segs, Py_ssize_t n) {
         int64_t left = got + (int64_t)((double)(packed - packed_done) * (double)(self->done + got)
                                        / (double)packed_done);
         if (!self->presized && self->done > 0 && self->done * 32 >= self->done + left) {
-            cd_presize(c, self->done, left);
+            cd_presize(c, self->done, left, PRESIZE_MARGIN);
             self->presized = 1;
         }
         Seg one = {self->inflated, got, segs[i].count};
@@ -214,7 +214,7 @@ static PyObject *stream_feed(Stream *self, PyObject *args) {
                 /* left counts these blocks: size once a 32nd of the guessed whole is decoded */
                 if (!self->presized && left > 0 && self->done > 0 &&
                     self->done * 32 >= self->done + left) {
-                    cd_presize(c, self->done, left);
+                    cd_presize(c, self->done, left, PRESIZE_MARGIN);
                     self->presized = 1;
                 }
                 cd_run_range(c);

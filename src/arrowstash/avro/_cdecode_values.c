@@ -558,11 +558,12 @@ int cd_reset_cols(Ctx *c) {
     return 0;
 }
 
-/* After a sample of the input, grow every buffer once to what the whole range will likely
- * need, instead of doubling (and copying, and faulting in pages) many times. */
-void cd_presize(Ctx *c, int64_t done_bytes, int64_t left_bytes) {
+/* After a sample of the input, grow every buffer once to what the whole range will likely need
+ * (the sample's share, times margin), instead of doubling (and copying, and faulting in pages)
+ * many times. */
+void cd_presize(Ctx *c, int64_t done_bytes, int64_t left_bytes, double margin) {
     if (done_bytes <= 0 || left_bytes <= 0) return;
-    double f = (double)left_bytes / (double)done_bytes * 1.05;
+    double f = (double)left_bytes / (double)done_bytes * margin;
     for (int i = 0; i < c->nnodes; i++) {
         Col *col = &c->cols[i];
         Buf *bufs[4] = {&col->valid, &col->data, &col->offs, &col->tids};
@@ -571,17 +572,27 @@ void cd_presize(Ctx *c, int64_t done_bytes, int64_t left_bytes) {
     }
 }
 
+
+/* Buffers are sized twice in a range: roughly after EARLY_SAMPLE segments, then closely after a
+ * 32nd of the range. Growing through the C heap up to the 32nd cost 0.4-0.8 ms of a 6 ms range
+ * of 50,000 records (a page fault in most steps); the early guess leaves few steps. */
+#define EARLY_SAMPLE 64
+#define EARLY_MARGIN 1.25
+
 /* Decode segments [seg_begin, seg_end) into c->cols; stop at the first error. */
 void cd_run_range(Ctx *c) {
     int64_t total = 0, done = 0;
     for (int64_t s = c->seg_begin; s < c->seg_end; s++)
         total += c->segs[s].len > 0 ? c->segs[s].len : 0;
     int64_t probe = c->seg_begin + (c->seg_end - c->seg_begin) / 32, checked = 0;
+    int64_t early = c->seg_begin + EARLY_SAMPLE;
     int check = c->validate_utf8 && !c->strict_utf8;
     const Node *root = &c->nodes[0];
     for (int64_t s = c->seg_begin; s < c->seg_end; s++) {
+        if (s == early && early < probe)
+            cd_presize(c, done, (c->all_bytes ? c->all_bytes : total) - done, EARLY_MARGIN);
         if (s == probe && s > c->seg_begin)
-            cd_presize(c, done, (c->all_bytes ? c->all_bytes : total) - done);
+            cd_presize(c, done, (c->all_bytes ? c->all_bytes : total) - done, PRESIZE_MARGIN);
         if (check && done - checked >= UTF8_EVERY) {
             checked = done;
             if (!cd_strings_valid(c)) {
