@@ -515,12 +515,16 @@ counts = [tasks()]
 for _ in range(3):
     assert decode(messages, schema, threads=2).equals(rows)
     counts.append(tasks())
+for _ in range(3):  # the encoder keeps its own
+    assert encode(rows, schema, threads=2).equals(messages)
+    counts.append(tasks())
 print(*counts)
 if sys.argv[1] == "fork":
     pid = os.fork()
     if pid == 0:  # the parent's helpers are not here: the child starts its own
         ok = decode(messages, schema, threads=2).equals(rows)
         ok = ok and decode(messages, schema, threads=3).equals(rows)
+        ok = ok and encode(rows, schema, threads=3).equals(messages)
         os._exit(0 if ok else 1)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -538,12 +542,13 @@ if sys.argv[1] == "fork":
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
 def test_helper_threads_are_kept_between_batches_and_not_inherited_by_a_fork() -> None:
     """The first two-thread batch starts one helper, which then waits for the next batch
-    instead of ending; a forked child (which has none of its parent's threads) decodes with
-    helpers of its own."""
+    instead of ending (one for the decoder, one for the encoder); a forked child (which has
+    none of its parent's threads) decodes and encodes with helpers of its own."""
     out = subprocess.run([sys.executable, "-c", _POOL_SCRIPT, "fork"], capture_output=True,
                          text=True, timeout=120, check=True).stdout.split("\n")
     counts = [int(n) for n in out[0].split()]
     assert counts[1] == counts[0] + 1 and counts[3] == counts[1], counts
+    assert counts[4] == counts[3] + 1 and counts[6] == counts[4], counts
     assert out[1] == "child 0", out
 
 

@@ -1,6 +1,7 @@
 /* The native Avro decoder's batch: reused memory, the threads that decode the chunks of a
  * batch, and the merge of their buffers into one set of columns (see _cdecode.h). */
 #include "_cdecode.h"
+#include "_pool.h"
 #include "_reuse.h"
 
 
@@ -224,8 +225,9 @@ static void merge_part(const Node *nodes, int ni, int t, Ctx *ctxs, int nt, cons
  * The input is cut into chunks (contiguous ranges of segments), each decoded into its own
  * buffers; then the merge's tasks run. Threads claim chunks, then tasks, from shared counters,
  * and the calling thread claims them too: it never waits for a thread the system has not
- * scheduled yet, only for work items in progress. Helper threads are detached; the shared
- * state is freed by whoever leaves it last. */
+ * scheduled yet, only for work items in progress. Helpers are kept threads (_pool.h) that
+ * may still be leaving when the call returns: the shared state is freed by whoever leaves it
+ * last. */
 
 typedef struct { int node, chunk; int64_t bytes; } Task;
 
@@ -252,36 +254,9 @@ static void shared_release(Shared *sh) {
     free(sh);
 }
 
-/* Waiting for the other threads: they are usually about to finish, and a thread woken from a
- * condition variable took about a millisecond to run again on a busy VM (a tenth of a batch of
- * 100,000 records), so spin for up to SPIN_NS first, then sleep. */
-#define SPIN_NS 500000
-
-static int64_t elapsed_ns(const struct timespec *t0) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)(t.tv_sec - t0->tv_sec) * 1000000000 + (t.tv_nsec - t0->tv_nsec);
-}
-
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
-
-/* Until *value >= goal (value only grows, always under mu). */
+/* Until *value >= goal (value only grows, always under mu): see pool_wait. */
 static void wait_for(Shared *sh, atomic_long *value, long goal) {
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (unsigned i = 1; atomic_load(value) < goal; i++) {
-        if (i % 256 == 0 && elapsed_ns(&t0) > SPIN_NS) {
-            pthread_mutex_lock(&sh->mu);
-            while (atomic_load(value) < goal) pthread_cond_wait(&sh->cv, &sh->mu);
-            pthread_mutex_unlock(&sh->mu);
-            return;
-        }
-        cpu_relax();
-    }
+    pool_wait(value, goal, &sh->mu, &sh->cv);
 }
 
 static void decode_chunks(Shared *sh) {
@@ -314,90 +289,36 @@ static void merge_tasks(Shared *sh) {
 }
 
 /* A helper's share of one batch: chunks, then merge tasks, then it lets the batch go. */
-static void help(Shared *sh) {
+static void help(void *arg) {
+    Shared *sh = arg;
     decode_chunks(sh);
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (unsigned i = 1; atomic_load(&sh->phase) == 0; i++) { /* as in wait_for */
-        if (i % 256 == 0 && elapsed_ns(&t0) > SPIN_NS) {
+    for (unsigned i = 1; atomic_load(&sh->phase) == 0; i++) { /* as in pool_wait */
+        if (i % 256 == 0 && pool_elapsed_ns(&t0) > POOL_SPIN_NS) {
             pthread_mutex_lock(&sh->mu);
             while (atomic_load(&sh->phase) == 0) pthread_cond_wait(&sh->cv, &sh->mu);
             pthread_mutex_unlock(&sh->mu);
             break;
         }
-        cpu_relax();
+        pool_relax();
     }
     if (atomic_load(&sh->phase) == 1) merge_tasks(sh);
     shared_release(sh);
 }
 
-/* -- helper threads, kept between batches ------------------------------------------------------
- * Creating a thread took 60-260 us of the caller's time on this 2-core VM, and the new thread
- * began 0.1-0.3 ms later; a kept thread woken through its condition variable began within
- * ~30 us, on the core it ran on before. Idle helpers wait in a list; a batch takes as many as
- * it needs and starts new ones when the list runs short (several batches may decode at once).
- * A forked child has none of the parent's threads: the list starts empty there. */
-
-typedef struct Helper {
-    pthread_cond_t cv;
-    Shared *job;
-    struct Helper *next;
-} Helper;
-
-static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
-static Helper *idle_helpers;
-
-static void *helper_loop(void *arg) {
-    Helper *me = arg;
-    pthread_mutex_lock(&pool_mu);
-    for (;;) {
-        while (!me->job) pthread_cond_wait(&me->cv, &pool_mu);
-        Shared *sh = me->job;
-        me->job = NULL;
-        pthread_mutex_unlock(&pool_mu);
-        help(sh);
-        pthread_mutex_lock(&pool_mu);
-        me->next = idle_helpers;
-        idle_helpers = me;
-    }
-    return NULL;
-}
-
-/* Hand sh to n helpers (each holds a reference); fewer if threads cannot be started. */
+/* Hand sh to n kept helpers (each holds a reference); fewer if threads cannot be started. */
 static void start_helpers(Shared *sh, int n) {
-    pthread_mutex_lock(&pool_mu);
     for (int h = 0; h < n; h++) {
-        Helper *w = idle_helpers;
-        if (w) {
-            idle_helpers = w->next;
-        } else {
-            pthread_t tid;
-            if (!(w = calloc(1, sizeof(Helper)))) break;
-            pthread_cond_init(&w->cv, NULL);
-            if (pthread_create(&tid, NULL, helper_loop, w) != 0) {
-                pthread_cond_destroy(&w->cv);
-                free(w);
-                break;
-            }
-            pthread_detach(tid);
-        }
         atomic_fetch_add(&sh->refs, 1);
-        w->job = sh;
-        pthread_cond_signal(&w->cv);
+        if (pool_run(help, sh) != 0) {
+            atomic_fetch_sub(&sh->refs, 1);
+            break;
+        }
     }
-    pthread_mutex_unlock(&pool_mu);
 }
 
-static void pool_lock(void) { pthread_mutex_lock(&pool_mu); }
-
-static void pool_unlock(void) { pthread_mutex_unlock(&pool_mu); }
-
-static void pool_forget(void) { /* in a forked child: the helpers stayed in the parent */
-    pthread_mutex_init(&pool_mu, NULL);
-    idle_helpers = NULL;
-}
-
-void cd_pool_init(void) { pthread_atfork(pool_lock, pool_unlock, pool_forget); }
+void cd_pool_init(void) { pool_init(); }
 
 static int by_bytes_down(const void *a, const void *b) {
     int64_t x = ((const Task *)a)->bytes, y = ((const Task *)b)->bytes;

@@ -25,6 +25,7 @@
  * the others.
  */
 #include "_encode.h"
+#include "_pool.h"
 #include "_reuse.h"
 
 /* ---------------------------------------------------------------- reused memory */
@@ -113,17 +114,41 @@ static void *copy_out(void *arg) {
     return NULL;
 }
 
-/* Run fn over every task, tasks 1.. on their own threads (inline if a thread cannot start). */
+/* One task on a kept helper thread, counted in `done` when it returns. */
+typedef struct {
+    void *(*fn)(void *);
+    Task *task;
+    atomic_long *done;
+    pthread_mutex_t *mu;
+    pthread_cond_t *cv;
+} Job;
+
+static void run_job(void *arg) {
+    Job *job = arg;
+    job->fn(job->task);
+    pthread_mutex_lock(job->mu);
+    atomic_fetch_add(job->done, 1);
+    pthread_cond_broadcast(job->cv);
+    pthread_mutex_unlock(job->mu);
+}
+
+/* Run fn over every task: tasks 1.. on kept helper threads (inline if none can start), task 0
+ * on the calling thread, which then waits for the others. */
 static void parallel(void *(*fn)(void *), Task *tasks, int n) {
-    pthread_t tid[256];
-    int started[256];
+    Job jobs[256];
+    atomic_long done = 0;
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+    long handed = 0;
     for (int k = 1; k < n; k++) {
-        started[k] = pthread_create(&tid[k], NULL, fn, &tasks[k]) == 0;
-        if (!started[k]) fn(&tasks[k]);
+        jobs[k] = (Job){fn, &tasks[k], &done, &mu, &cv};
+        if (pool_run(run_job, &jobs[k]) == 0) handed++;
+        else fn(&tasks[k]);
     }
     fn(&tasks[0]);
-    for (int k = 1; k < n; k++)
-        if (started[k]) pthread_join(tid[k], NULL);
+    pool_wait(&done, handed, &mu, &cv);
+    pthread_cond_destroy(&cv);
+    pthread_mutex_destroy(&mu);
 }
 
 /* ---------------------------------------------------------------- the Python entry point */
@@ -345,6 +370,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cencode",
                                     "Native Avro encoder over Arrow buffers.", -1, methods};
 
 PyMODINIT_FUNC PyInit__cencode(void) {
+    pool_init();
     if (PyType_Ready(&BlockType) < 0) return NULL;
     return PyModule_Create(&module);
 }
