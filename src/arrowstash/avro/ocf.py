@@ -456,9 +456,11 @@ def _read_runs(codec: str, blocks: list[_Block], writer: Any,
                workers: int) -> list[pa.RecordBatch] | None:
     """One batch per run of blocks, each run decompressed and decoded by its own thread (the
     calling thread takes the first run), a few blocks at a time, so that the inflated blocks are
-    decoded while they are in the cache and freed at once; None if any block fails (the caller
-    then reads in file order to report the first bad one)."""
+    decoded while they are in the cache and freed at once (deflate blocks one at a time, in one
+    native call per run, where libdeflate is there); None if any block fails (the caller then
+    reads in file order to report the first bad one)."""
     decompress, errors = _DECOMPRESS[codec], _DECOMPRESS_ERRORS
+    natively = codec == "deflate" and native_inflate_available()
     if codec == "deflate":  # the inflater itself: its errors are caught below, once per run
         decompress, inflate_errors = _inflater()
         errors = (*errors, *inflate_errors)
@@ -478,7 +480,7 @@ def _read_runs(codec: str, blocks: list[_Block], writer: Any,
             yield payloads, [block.count for block in group], left
 
     def run(blocks: list[_Block]) -> pa.RecordBatch | None:
-        if codec == "deflate" and native_inflate_available():
+        if natively:
             return decode_deflated([block.data for block in blocks],
                                    [block.count for block in blocks], writer)
         try:
