@@ -29,7 +29,10 @@ static void *symbol(void *lib, const char *name) {
 static int inflater_loaded(void) {
     if (!libdeflate.tried) {
         libdeflate.tried = 1;
-        void *lib = dlopen("libdeflate.so.0", RTLD_NOW | RTLD_LOCAL);
+        void *lib = NULL;
+        const char *names[] = {"libdeflate.so.0", "libdeflate.0.dylib", "libdeflate.so"};
+        for (size_t k = 0; !lib && k < sizeof names / sizeof *names; k++)
+            lib = dlopen(names[k], RTLD_NOW | RTLD_LOCAL);
         void *alloc = symbol(lib, "libdeflate_alloc_decompressor");
         void *inflate = symbol(lib, "libdeflate_deflate_decompress");
         void *release = symbol(lib, "libdeflate_free_decompressor");
@@ -89,7 +92,7 @@ static int stream_init(Stream *self, PyObject *args, PyObject *kwds) {
                             "system does not have");
             return -1;
         }
-        if (!(self->inflater = libdeflate.alloc())) {
+        if (!self->inflater && !(self->inflater = libdeflate.alloc())) {
             PyErr_NoMemory();
             return -1;
         }
@@ -117,19 +120,23 @@ static int stream_init(Stream *self, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
-/* Inflate seg into self->inflated, growing it (and inflating again) while it is too small;
- * the inflated size, or -1 if the block is not raw deflate data or memory runs out. */
+/* Inflate seg into self->inflated, growing it (and inflating again) while it is too small, up
+ * to deflate's largest expansion of the block; the inflated size, or -1 if the block is not raw
+ * deflate data or memory runs out. */
 static int64_t inflate_block(Stream *self, const Seg *seg) {
-    size_t limit = (size_t)seg->len * INFLATE_MAX_RATIO + 65536, got = 0;
+    size_t in = (size_t)seg->len, got = 0;
+    if (in > (SIZE_MAX - 65536) / INFLATE_MAX_RATIO) return -1;
+    size_t limit = in * INFLATE_MAX_RATIO + 65536;
     for (;;) {
         if (self->inflated_cap) {
-            int r = libdeflate.inflate(self->inflater, seg->ptr, (size_t)seg->len, self->inflated,
+            int r = libdeflate.inflate(self->inflater, seg->ptr, in, self->inflated,
                                        self->inflated_cap, &got);
             if (r == INFLATE_OK) return (int64_t)got;
             if (r != INFLATE_NO_ROOM || self->inflated_cap >= limit) return -1;
         }
-        size_t cap = self->inflated_cap ? self->inflated_cap * 2 : 65536;
-        while (cap < (size_t)seg->len * 4) cap *= 2;
+        size_t cap = self->inflated_cap ? self->inflated_cap : 32768; /* doubled at least once */
+        do cap = cap > limit / 2 ? limit : cap * 2;
+        while (cap < in * 4 && cap < limit);
         free(self->inflated);
         self->inflated_cap = 0;
         if (!(self->inflated = malloc(cap))) return -1;
@@ -139,10 +146,10 @@ static int64_t inflate_block(Stream *self, const Seg *seg) {
 
 /* Inflate and decode segs[0, n) one at a time, each while it is in the cache; sizes the
  * buffers once a 32nd of the whole is decoded, at the ratio of inflated to deflated bytes
- * seen so far. */
+ * seen so far in this call. */
 static void feed_deflated(Stream *self, const Seg *segs, Py_ssize_t n) {
     Ctx *c = self->ctx;
-    int64_t packed = 0, packed_done = 0;
+    int64_t packed = 0, packed_done = 0, unpacked_done = 0;
     for (Py_ssize_t i = 0; i < n; i++) packed += segs[i].len;
     for (Py_ssize_t i = 0; i < n && !self->failed; i++) {
         int64_t got = inflate_block(self, &segs[i]);
@@ -151,7 +158,8 @@ static void feed_deflated(Stream *self, const Seg *segs, Py_ssize_t n) {
             break;
         }
         packed_done += segs[i].len;
-        int64_t left = got + (int64_t)((double)(packed - packed_done) * (double)(self->done + got)
+        unpacked_done += got;
+        int64_t left = got + (int64_t)((double)(packed - packed_done) * (double)unpacked_done
                                        / (double)packed_done);
         if (!self->presized && self->done > 0 && self->done * 32 >= self->done + left) {
             cd_presize(c, self->done, left, PRESIZE_MARGIN);

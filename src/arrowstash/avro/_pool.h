@@ -11,6 +11,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -47,23 +48,24 @@ static int pool_run(void (*fn)(void *), void *arg) {
     PoolHelper *w = pool_idle;
     if (w) {
         pool_idle = w->next;
-    } else if ((w = calloc(1, sizeof(PoolHelper))) != NULL) {
-        pthread_t tid;
-        pthread_cond_init(&w->cv, NULL);
-        if (pthread_create(&tid, NULL, pool_loop, w) == 0) {
-            pthread_detach(tid); /* it waits for pool_mu, released below */
-        } else {
-            pthread_cond_destroy(&w->cv);
-            free(w);
-            w = NULL;
-        }
-    }
-    if (w) {
         w->fn = fn, w->arg = arg;
         pthread_cond_signal(&w->cv);
     }
     pthread_mutex_unlock(&pool_mu);
-    return w ? 0 : -1;
+    if (w) return 0;
+    /* a new helper, started outside the lock (creating a thread takes a while): nobody else
+     * knows it until it puts itself on the idle list */
+    if (!(w = calloc(1, sizeof(PoolHelper)))) return -1;
+    pthread_cond_init(&w->cv, NULL);
+    w->fn = fn, w->arg = arg;
+    pthread_t tid;
+    if (pthread_create(&tid, NULL, pool_loop, w) != 0) {
+        pthread_cond_destroy(&w->cv);
+        free(w);
+        return -1;
+    }
+    pthread_detach(tid);
+    return 0;
 }
 
 static void pool_lock(void) { pthread_mutex_lock(&pool_mu); }
@@ -71,12 +73,17 @@ static void pool_lock(void) { pthread_mutex_lock(&pool_mu); }
 static void pool_unlock(void) { pthread_mutex_unlock(&pool_mu); }
 
 static void pool_forget(void) { /* in a forked child: the helpers stayed in the parent */
-    pthread_mutex_init(&pool_mu, NULL);
     pool_idle = NULL;
+    pthread_mutex_unlock(&pool_mu);
 }
 
-/* Once, when the extension is imported. */
-static void pool_init(void) { pthread_atfork(pool_lock, pool_unlock, pool_forget); }
+static void pool_register(void) { pthread_atfork(pool_lock, pool_unlock, pool_forget); }
+
+/* When the extension is imported (the fork handlers are registered once, whatever happens). */
+static void pool_init(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, pool_register);
+}
 
 /* -- waiting for the helpers ----------------------------------------------------------------
  * They are usually about to finish, and a thread woken from a condition variable took about a
