@@ -230,6 +230,7 @@ static int64_t bytes_before(const Lazy *lz, int64_t s, int64_t nsegs, int64_t to
 }
 
 #define CHUNKS_PER_THREAD 4
+#define FIRST_SHARE 0.9
 
 /* `lazy`: non-NULL for one buffer and its offsets: the sizes of ranges are then differences of
  * offsets, so the calling thread finds the threads' ranges by bisection instead of a walk over
@@ -255,11 +256,15 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
      * than it saves on less */
     if (min_bytes > 0 && total / min_bytes < nthreads) nthreads = (int)(total / min_bytes);
     if (nthreads < 1 || nsegs < 2 * nthreads) nthreads = 1;
-    /* The chunks after the first are merged into it (copied), so the first is a thread's fair
-     * share; the rest is cut finer (CHUNKS_PER_THREAD each), so that a thread the system runs
-     * late finds less left, and the threads reach the merge at nearly the same time: the
-     * chunks shrink in turn (the k-th of K gets K - k + 1 parts of K (K + 1) / 2), so the last
-     * ones, which decide how long the first thread to run out waits, are small. */
+    /* The chunks after the first are merged into it (copied), so the first is most of a
+     * thread's fair share (FIRST_SHARE); the rest is cut finer (CHUNKS_PER_THREAD each), so
+     * that a thread the system runs late or slow finds less left, and the threads reach the
+     * merge at nearly the same time: the chunks shrink in turn (the k-th of K gets K - k + 1
+     * parts of K (K + 1) / 2), so the last ones, which decide how long the first thread to run
+     * out waits, are small. A whole fair share for the first left its thread (usually the
+     * calling one) waiting for a helper the VM ran slower: two threads decoded 100,000 records
+     * 1.67x as fast as one, against 1.74x with 90% (medians of six runs of the benchmark's
+     * rotation), for 5% more bytes to copy. */
     int nchunks = nthreads == 1 ? 1 : 1 + (nthreads - 1) * CHUNKS_PER_THREAD;
     if (nchunks > nsegs) nchunks = nsegs > 0 ? (int)nsegs : 1;
     Ctx *ctxs = cd_zalloc_lines((size_t)nchunks * sizeof(Ctx));
@@ -277,8 +282,10 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
         cd_free_nodes(nodes, nnodes);
         return PyErr_NoMemory();
     }
-    /* contiguous ranges: the first of total / nthreads bytes, the others equal */
-    int64_t s = 0, acc = 0, first = nchunks > 1 ? total / nthreads : total;
+    /* contiguous ranges: the first of FIRST_SHARE * total / nthreads bytes, the others
+     * shrinking */
+    int64_t s = 0, acc = 0;
+    int64_t first = nchunks > 1 ? (int64_t)((double)total * FIRST_SHARE / nthreads) : total;
     for (int t = 0; t < nchunks; t++) {
         Ctx *c = &ctxs[t];
         c->nodes = nodes, c->nnodes = nnodes, c->validate_utf8 = validate_utf8;
