@@ -325,10 +325,16 @@ def test_blocks_that_inflate_far_past_their_size(tmp_path: Path, inflate: str) -
         assert batch is not None and batch.to_pylist() == records
 
 
+#: A deflate stream's input, its level, and up to three bytes of it overwritten.
+_DAMAGED_STREAMS = {
+    "payload": st.binary(max_size=3000) | st.text(max_size=500).map(str.encode),
+    "level": st.integers(0, 9),
+    "flips": st.lists(st.tuples(st.integers(0), st.integers(0, 255)), max_size=3),
+}
+
+
 @settings(max_examples=150, deadline=None)
-@given(payload=st.binary(max_size=2000) | st.text(max_size=400).map(str.encode),
-       level=st.integers(0, 9), flips=st.lists(st.tuples(st.integers(0), st.integers(0, 255)),
-                                               max_size=3))
+@given(**_DAMAGED_STREAMS)
 def test_native_inflate_reads_what_python_inflate_reads(payload: bytes, level: int,
                                                         flips: list[tuple[int, int]]) -> None:
     """A one-block deflate file of one ``bytes`` datum, its stream damaged or not: the same
@@ -367,9 +373,7 @@ def _zlib_inflate(data: bytes) -> bytes | str:
 
 
 @settings(max_examples=300, deadline=None)
-@given(payload=st.binary(max_size=3000) | st.text(max_size=500).map(str.encode),
-       level=st.integers(0, 9), flips=st.lists(st.tuples(st.integers(0), st.integers(0, 255)),
-                                               max_size=3))
+@given(**_DAMAGED_STREAMS)
 def test_isal_inflates_exactly_like_zlib(payload: bytes, level: int,
                                          flips: list[tuple[int, int]]) -> None:
     """Same bytes out for every stream, and a corrupt stream refused by both or by neither."""
