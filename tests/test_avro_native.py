@@ -195,6 +195,35 @@ def test_large_parts_merge_like_one_thread() -> None:
     assert all(one.slice(i, 1).to_pylist()[0] == records[i] for i in range(0, 180_000, 997))
 
 
+def test_threads_out_of_work_cut_the_ranges_left() -> None:
+    """A thread out of chunks takes the far half of another's range: batches decoded that way
+    are the one thread's, and the first bad message, wherever it falls (in a range that was cut,
+    or in the part cut off), is the one reported, as the pure-Python decoder reports it."""
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "n", "type": "long"}, {"name": "s", "type": "string"},
+        {"name": "t", "type": {"type": "array", "items": ["null", "string"]}}]}
+    records = [{"n": i, "s": f"ü{i}" * (1 + i % 13), "t": [None, f"{i}"][: i % 3]}
+               for i in range(60_000)]
+    messages = write(schema, records)  # 1.6 MB: the last chunks are worth cutting
+    array = pa.array(messages, pa.binary())
+    parsed = parse_schema(schema)
+    one, _ = decode_messages(array, parsed, threads=1, native=True)
+    before = codec._cdecode.cuts()
+    for threads in (2, 3, 4) * 5:
+        many, _ = decode_messages(array, parsed, threads=threads, native=True)
+        many.validate(full=True)
+        assert many.equals(one)
+    assert codec._cdecode.cuts() > before
+    for bad in (59_999, 58_000, 52_345, 45_000, 30_001):
+        broken = list(messages)
+        broken[bad] = broken[bad].replace("ü".encode(), b"\xc3\x28", 1)
+        broken[-1] = broken[-1] + b"\x00"  # a later error too: trailing bytes
+        expected = both(broken, schema, threads=1)[1]
+        assert isinstance(expected, str) and f"message {bad} " in expected
+        for threads in (2, 3):
+            assert both(pa.array(broken, pa.binary()), schema, threads=threads)[0] == expected
+
+
 def test_native_releases_the_gil_during_a_long_decode() -> None:
     """Another Python thread keeps running while one decode call works through a big batch."""
     schema = {"type": "record", "name": "R", "fields": [

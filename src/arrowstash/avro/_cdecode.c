@@ -231,6 +231,8 @@ static int64_t bytes_before(const Lazy *lz, int64_t s, int64_t nsegs, int64_t to
 
 #define CHUNKS_PER_THREAD 4
 #define FIRST_SHARE 0.9
+#define CUTS_PER_THREAD 4  /* chunks a thread out of work may cut off others' (_cdecode_batch.c) */
+#define CLAIM_BYTES 4096   /* a decoding thread claims about this much input at a time */
 
 /* `lazy`: non-NULL for one buffer and its offsets: the sizes of ranges are then differences of
  * offsets, so the calling thread finds the threads' ranges by bisection instead of a walk over
@@ -267,7 +269,8 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
      * rotation), for 5% more bytes to copy. */
     int nchunks = nthreads == 1 ? 1 : 1 + (nthreads - 1) * CHUNKS_PER_THREAD;
     if (nchunks > nsegs) nchunks = nsegs > 0 ? (int)nsegs : 1;
-    Ctx *ctxs = cd_zalloc_lines((size_t)nchunks * sizeof(Ctx));
+    int cap = nthreads == 1 ? 1 : nchunks + CUTS_PER_THREAD * nthreads;
+    Ctx *ctxs = cd_zalloc_lines((size_t)cap * sizeof(Ctx));
     Buf ids = {0};
     int failed_alloc = !ctxs || (confluent && buf_zeros(&ids, (size_t)(nsegs > 0 ? nsegs : 1) * 4));
     for (int t = 0; t < nchunks && !failed_alloc; t++) {
@@ -284,7 +287,7 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
     }
     /* contiguous ranges: the first of FIRST_SHARE * total / nthreads bytes, the others
      * shrinking */
-    int64_t s = 0, acc = 0;
+    int64_t s = 0, acc = 0, start = 0;
     int64_t first = nchunks > 1 ? (int64_t)((double)total * FIRST_SHARE / nthreads) : total;
     for (int t = 0; t < nchunks; t++) {
         Ctx *c = &ctxs[t];
@@ -312,11 +315,17 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
             }
         }
         c->seg_end = s;
+        int64_t bytes = lazy ? bytes_before(lazy, s, nsegs, total) - start : acc - start;
+        c->seg_bytes = s > c->seg_begin ? bytes / (s - c->seg_begin) + 1 : 1;
+        c->step = CLAIM_BYTES / c->seg_bytes;
+        c->step = c->step < 1 ? 1 : c->step > 64 ? 64 : c->step;
+        start += bytes;
         if (cd_reset_cols(c)) failed_alloc = 1; /* offsets start at 0 */
     }
     int merge_err = failed_alloc;
     Py_BEGIN_ALLOW_THREADS
-    if (!failed_alloc) merge_err = cd_decode_and_merge(ctxs, nchunks, nodes, nnodes, nthreads - 1);
+    if (!failed_alloc)
+        merge_err = cd_decode_and_merge(ctxs, &nchunks, cap, nodes, nnodes, nthreads - 1);
     Py_END_ALLOW_THREADS
     PyObject *result = NULL;
     for (int t = 0; t < nchunks; t++) {
@@ -502,6 +511,8 @@ static PyMethodDef methods[] = {
      "decode_concat(plan, data, offsets, width, first, n, validity, nthreads, validate_utf8, "
      "confluent, min_bytes)"},
     {"scan_blocks", cd_scan_blocks, METH_VARARGS, "scan_blocks(data, pos, sync) -> (table, pos)"},
+    {"cuts", cd_cuts, METH_NOARGS,
+     "cuts() -> how many times a thread out of work has cut another's range, in this process"},
     {"native_inflate", cd_native_inflate, METH_NOARGS,
      "native_inflate() -> whether BlockStream can take deflated blocks (libdeflate is there)"},
     {NULL, NULL, 0, NULL},

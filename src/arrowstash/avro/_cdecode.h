@@ -92,6 +92,13 @@ typedef struct Ctx {
     const Lazy *lazy; /* set: fill segs[seg_begin, seg_end) from it first */
     int64_t seg_begin, seg_end;
     int64_t all_bytes; /* the first of several threads sizes its buffers for all of them */
+    /* With several threads, the segments still to decode: seg_begin + [next, end), packed as
+     * next << 32 | end. The decoding thread claims `step` at a time from next; a thread out of
+     * work may move end down and take the far half (see _cdecode_batch.c). */
+    _Atomic uint64_t work;
+    atomic_int started; /* segs are filled: the range may be cut */
+    int stealable;
+    int64_t step, seg_bytes; /* segments claimed at once; bytes per segment, on average */
     int32_t *ids;
     /* the first error */
     int err;
@@ -106,8 +113,12 @@ void cd_blk_free(void *p, size_t cap);
 int cd_buf_grow(Buf *b, size_t extra);
 void *cd_zalloc_lines(size_t size);
 /* _cdecode_batch.c: chunks decoded by threads, then merged into chunk 0's columns */
-int cd_decode_and_merge(Ctx *ctxs, int nchunks, const Node *nodes, int nnodes, int nhelpers);
+int cd_decode_and_merge(Ctx *ctxs, int *nchunks, int cap, const Node *nodes, int nnodes,
+                        int nhelpers);
+int cd_claim(Ctx *c, int64_t *stop);
+void cd_close_range(Ctx *c);
 void cd_pool_init(void); /* once, at import: fork handlers for the kept helper threads */
+PyObject *cd_cuts(PyObject *self, PyObject *unused);
 /* _cdecode_values.c */
 void cd_values_init(void);
 void cd_bind_node(Node *nd);

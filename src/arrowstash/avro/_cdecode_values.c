@@ -580,7 +580,8 @@ void cd_presize(Ctx *c, int64_t done_bytes, int64_t left_bytes, double margin) {
 #define EARLY_SAMPLE 64
 #define EARLY_MARGIN 1.25
 
-/* Decode segments [seg_begin, seg_end) into c->cols; stop at the first error. */
+/* Decode segments [seg_begin, seg_end) into c->cols, a claim at a time if other threads may cut
+ * the range; stop at the first error. */
 void cd_run_range(Ctx *c) {
     int64_t total = 0, done = 0;
     for (int64_t s = c->seg_begin; s < c->seg_end; s++)
@@ -589,7 +590,9 @@ void cd_run_range(Ctx *c) {
     int64_t early = c->seg_begin + EARLY_SAMPLE;
     int check = c->validate_utf8 && !c->strict_utf8;
     const Node *root = &c->nodes[0];
-    for (int64_t s = c->seg_begin; s < c->seg_end; s++) {
+    int64_t stop = c->stealable ? c->seg_begin : c->seg_end;
+    for (int64_t s = c->seg_begin;; s++) {
+        if (s == stop && (!c->stealable || !cd_claim(c, &stop))) break;
         if (s == early && early < probe)
             cd_presize(c, done, (c->all_bytes ? c->all_bytes : total) - done, EARLY_MARGIN);
         if (s == probe && s > c->seg_begin)
@@ -644,6 +647,7 @@ void cd_run_segments(Ctx *c) {
     c->strict_utf8 = 0;
     c->utf8_bad = 0;
     cd_run_range(c);
+    if (c->stealable) cd_close_range(c); /* c->seg_end is final from here */
     if (!c->validate_utf8) return;
     if (!c->err && !c->utf8_bad && cd_strings_valid(c)) return;
     c->err = 0;
