@@ -266,7 +266,8 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
      * out waits, are small. A whole fair share for the first left its thread (usually the
      * calling one) waiting for a helper the VM ran slower: two threads decoded 100,000 records
      * 1.67x as fast as one, against 1.74x with 90% (medians of six runs of the benchmark's
-     * rotation), for 5% more bytes to copy. */
+     * rotation), for 5% more bytes to copy. A thread out of chunks then cuts what is left of
+     * the others' (_cdecode_batch.c). */
     int nchunks = nthreads == 1 ? 1 : 1 + (nthreads - 1) * CHUNKS_PER_THREAD;
     if (nchunks > nsegs) nchunks = nsegs > 0 ? (int)nsegs : 1;
     int cap = nthreads == 1 ? 1 : nchunks + CUTS_PER_THREAD * nthreads;
