@@ -299,10 +299,11 @@ void cd_close_range(Ctx *c) {
     c->stealable = 0;
 }
 
-/* Let c's range be cut (its segments are filled); ranges of 2**31 segments or more never are. */
-static void open_range(Ctx *c) {
+/* Let c's range be cut, if other threads may (its segments are filled); ranges of 2**31
+ * segments or more never are. */
+static void open_range(Ctx *c, int others) {
     int64_t n = c->seg_end - c->seg_begin;
-    c->stealable = n < ((int64_t)1 << 31);
+    c->stealable = others && n < ((int64_t)1 << 31);
     atomic_store(&c->work, c->stealable ? pack(0, n) : 0);
     atomic_store_explicit(&c->started, 1, memory_order_release);
 }
@@ -339,7 +340,7 @@ static Ctx *cut(Shared *sh) {
             got->segs = victim->segs, got->ids = victim->ids;
             got->seg_begin = victim->seg_begin + mid, got->seg_end = victim->seg_begin + end;
             got->step = victim->step, got->seg_bytes = victim->seg_bytes;
-            open_range(got);
+            open_range(got, 1);
             sh->nchunks++;
             atomic_fetch_add(&cuts_made, 1);
             goto done;
@@ -361,7 +362,7 @@ static void decode_chunks(Shared *sh) {
         if (!c) return;
         if (i < sh->nqueued) {
             if (c->lazy) lz_fill(c->lazy, (Seg *)c->segs, c->seg_begin, c->seg_end);
-            open_range(c);
+            open_range(c, sh->cap > sh->nqueued);
         }
         cd_run_segments(c);
         pthread_mutex_lock(&sh->mu);
