@@ -97,7 +97,7 @@ typedef struct Ctx {
      * work may move end down and take the far half (see _cdecode_batch.c). */
     _Atomic uint64_t work;
     atomic_int started; /* segs are filled: the range may be cut */
-    int stealable;
+    int cuttable;
     int64_t step, seg_bytes; /* segments claimed at once; bytes per segment, on average */
     int32_t *ids;
     /* the first error */

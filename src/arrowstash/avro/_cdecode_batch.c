@@ -269,7 +269,7 @@ static void wait_for(Shared *sh, atomic_long *value, long goal) {
  * segments at a time (an atomic add per few kilobytes of input); the cut moves the range's end
  * past what is claimed with a compare-and-swap, so a segment is decoded once. */
 
-#define STEAL_BYTES ((int64_t)32 << 10) /* the least a cut takes */
+#define CUT_MIN_BYTES ((int64_t)32 << 10) /* the least a cut takes */
 
 static atomic_long cuts_made; /* in this process: the tests see cuts happen */
 
@@ -278,10 +278,12 @@ PyObject *cd_cuts(PyObject *self, PyObject *unused) {
 }
 
 static uint64_t pack(int64_t next, int64_t end) { return (uint64_t)next << 32 | (uint64_t)end; }
+static int64_t next_of(uint64_t w) { return (int64_t)(w >> 32); }
+static int64_t end_of(uint64_t w) { return (int64_t)(w & 0xffffffffu); }
 
 int cd_claim(Ctx *c, int64_t *stop) {
     uint64_t old = atomic_fetch_add(&c->work, (uint64_t)c->step << 32);
-    int64_t next = (int64_t)(old >> 32), end = (int64_t)(old & 0xffffffffu);
+    int64_t next = next_of(old), end = end_of(old);
     if (next >= end) {
         c->seg_end = c->seg_begin + end;
         return 0;
@@ -293,18 +295,17 @@ int cd_claim(Ctx *c, int64_t *stop) {
 /* Keep the rest of c's range (none of it is cut off from here) and set its final end. */
 void cd_close_range(Ctx *c) {
     uint64_t w = atomic_load(&c->work);
-    while (!atomic_compare_exchange_weak(&c->work, &w, pack((int64_t)(w & 0xffffffffu),
-                                                            (int64_t)(w & 0xffffffffu)))) {}
-    c->seg_end = c->seg_begin + (int64_t)(w & 0xffffffffu);
-    c->stealable = 0;
+    while (!atomic_compare_exchange_weak(&c->work, &w, pack(end_of(w), end_of(w)))) {}
+    c->seg_end = c->seg_begin + end_of(w);
+    c->cuttable = 0;
 }
 
 /* Let c's range be cut, if other threads may (its segments are filled); ranges of 2**31
  * segments or more never are. */
 static void open_range(Ctx *c, int others) {
     int64_t n = c->seg_end - c->seg_begin;
-    c->stealable = others && n < ((int64_t)1 << 31);
-    atomic_store(&c->work, c->stealable ? pack(0, n) : 0);
+    c->cuttable = others && n < ((int64_t)1 << 31);
+    atomic_store(&c->work, c->cuttable ? pack(0, n) : 0);
     atomic_store_explicit(&c->started, 1, memory_order_release);
 }
 
@@ -327,13 +328,13 @@ static Ctx *cut(Shared *sh) {
                 Ctx *c = &sh->ctxs[i];
                 if (!atomic_load_explicit(&c->started, memory_order_acquire)) continue;
                 uint64_t v = atomic_load(&c->work);
-                int64_t left = (int64_t)(v & 0xffffffffu) - (int64_t)(v >> 32);
+                int64_t left = end_of(v) - next_of(v);
                 if (left * c->seg_bytes > best * (victim ? victim->seg_bytes : 0)) {
                     victim = c, w = v, best = left;
                 }
             }
-            if (!victim || best < 2 || best / 2 * victim->seg_bytes < STEAL_BYTES) goto none;
-            int64_t next = (int64_t)(w >> 32), end = (int64_t)(w & 0xffffffffu);
+            if (!victim || best < 2 || best / 2 * victim->seg_bytes < CUT_MIN_BYTES) goto none;
+            int64_t next = next_of(w), end = end_of(w);
             int64_t mid = next + (end - next) / 2;
             if (!atomic_compare_exchange_strong(&victim->work, &w, pack(next, mid))) continue;
             got->validate_utf8 = victim->validate_utf8, got->confluent = victim->confluent;

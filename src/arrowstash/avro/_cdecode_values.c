@@ -590,9 +590,9 @@ void cd_run_range(Ctx *c) {
     int64_t early = c->seg_begin + EARLY_SAMPLE;
     int check = c->validate_utf8 && !c->strict_utf8;
     const Node *root = &c->nodes[0];
-    int64_t stop = c->stealable ? c->seg_begin : c->seg_end;
+    int64_t stop = c->cuttable ? c->seg_begin : c->seg_end;
     for (int64_t s = c->seg_begin;; s++) {
-        if (s == stop && (!c->stealable || !cd_claim(c, &stop))) break;
+        if (s == stop && (!c->cuttable || !cd_claim(c, &stop))) break;
         if (s == early && early < probe)
             cd_presize(c, done, (c->all_bytes ? c->all_bytes : total) - done, EARLY_MARGIN);
         if (s == probe && s > c->seg_begin)
@@ -647,7 +647,7 @@ void cd_run_segments(Ctx *c) {
     c->strict_utf8 = 0;
     c->utf8_bad = 0;
     cd_run_range(c);
-    if (c->stealable) cd_close_range(c); /* c->seg_end is final from here */
+    if (c->cuttable) cd_close_range(c); /* c->seg_end is final from here */
     if (!c->validate_utf8) return;
     if (!c->err && !c->utf8_bad && cd_strings_valid(c)) return;
     c->err = 0;
