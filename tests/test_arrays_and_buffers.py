@@ -39,7 +39,7 @@ from arrowstash import (
     SerializationError,
     cache,
 )
-from arrowstash.entry import FLAG_SIGNED, Entry, entry_bytes, parse_entry, read_header
+from arrowstash.entry.format import FLAG_SIGNED, Entry, entry_bytes, parse_entry, read_header
 
 LOGGER = "arrowstash.cache"
 KEY = Key("tests", "arrays_and_buffers", bytes(range(16)))

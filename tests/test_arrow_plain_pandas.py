@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from arrowstash import FileBackend, MemoryBackend, cache
-from arrowstash.entry import Key, entry_bytes, parse_entry
+from arrowstash.entry.format import Key, entry_bytes, parse_entry
 from arrowstash.serializers.arrow import ArrowSerializer
 
 KEY = Key("tests", "arrow_plain", bytes(16))

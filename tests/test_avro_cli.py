@@ -13,7 +13,7 @@ import pyarrow.csv
 import pyarrow.parquet as pq
 import pytest
 
-from arrowstash.cli import main
+from arrowstash.cli.main import main
 
 fastavro = pytest.importorskip("fastavro")
 

@@ -15,7 +15,7 @@ import pytest
 from arrowstash import AvroSerializer, Backend, FileBackend, SerializationError, cache
 from arrowstash.avro import parse_schema
 from arrowstash.avro.ocf import read_ocf
-from arrowstash.entry import parse_entry
+from arrowstash.entry.format import parse_entry
 from arrowstash.errors import CorruptEntryError
 from arrowstash.serializers import resolve
 

@@ -18,7 +18,7 @@ import pytest
 from arrowstash import Backend, FileBackend, Key, MemoryBackend, StandardSerializer
 from arrowstash.backends import EntryInfo, Stored, from_url
 from arrowstash.backends.base import Held
-from arrowstash.entry import Encoded, parse_entry
+from arrowstash.entry.format import Encoded, parse_entry
 
 SER = StandardSerializer()
 

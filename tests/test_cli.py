@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from arrowstash import FileBackend, cache
-from arrowstash.cli import human_age, human_size, main
+from arrowstash.cli.main import human_age, human_size, main
 
 ENTRIES, ALPHA, BETA, EXPIRED = 5, 4, 1, 2
 

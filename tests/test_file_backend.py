@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from arrowstash import BackendError, FileBackend, Key, StandardSerializer
-from arrowstash.entry import Encoded, parse_entry
+from arrowstash.entry.format import Encoded, parse_entry
 
 SER = StandardSerializer()
 

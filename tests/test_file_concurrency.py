@@ -27,7 +27,7 @@ import pytest
 
 import arrowstash
 from arrowstash import FileBackend, StandardSerializer
-from arrowstash.entry import Key, parse_entry
+from arrowstash.entry.format import Key, parse_entry
 from arrowstash.errors import CorruptEntryError
 
 MMAP_THRESHOLD = 4096
@@ -481,7 +481,7 @@ def test_held_mapped_read_survives_overwrite_and_delete(tmp_path: Path) -> None:
         [sys.executable, "-c", textwrap.dedent(f"""
             import time
             from arrowstash import FileBackend, StandardSerializer
-            from arrowstash.entry import Key
+            from arrowstash.entry.format import Key
             b = FileBackend({str(tmp_path / "cache")!r}, max_bytes=1)
             b.set(Key("ns", "fn", bytes(range(16))), StandardSerializer().encode([3] * 9000),
                   created=time.time(), expires=None)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from arrowstash import Backend, FileBackend, cache
-from arrowstash.entry import parse_entry
+from arrowstash.entry.format import parse_entry
 
 TTL = 0.5  # short (every test waits it out once or twice), yet longer than a loaded machine's
 # pauses: a refreshed value must still be fresh when the test looks at it

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from arrowstash import FileBackend, cache, logs
+from arrowstash import FileBackend, cache
+from arrowstash.caching import logs
 
 LOGGER = "arrowstash.cache"
 FIELDS = ("event", "function", "namespace", "backend", "key_hash", "error", "suppressed")

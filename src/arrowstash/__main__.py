@@ -1,5 +1,5 @@
 import sys
 
-from arrowstash.cli import main
+from arrowstash.cli.main import main
 
 sys.exit(main())

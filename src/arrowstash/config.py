@@ -49,7 +49,7 @@ def secret() -> bytes | None:
 
 
 def encryption_keys() -> tuple[str | None, list[str]]:
-    """The current encryption key and the previous ones, as text (arrowstash.crypto parses)."""
+    """The current encryption key and the previous ones, as text (entry.crypto parses them)."""
     current = os.environ.get("ARROWSTASH_KEY", "").strip() or None
     previous = os.environ.get("ARROWSTASH_PREVIOUS_KEYS", "")
     return current, [k.strip() for k in previous.split(",") if k.strip()]

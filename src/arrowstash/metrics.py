@@ -21,12 +21,12 @@ from bisect import bisect_left
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from arrowstash.logs import backend_name
+from arrowstash.caching.logs import backend_name
 
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
-    from arrowstash._core import Core
+    from arrowstash.caching.pipeline import Core
 
 __all__ = ["BUCKETS", "disable", "enable", "enabled"]
 
@@ -167,7 +167,7 @@ class _Collector:
                        ("layer",))
         misses = counter("misses", "Calls that ran the function.")
         stores = counter("stores", "Results stored (in the backend, or in L1 without one).")
-        errors = counter("errors", "Failures the cache absorbed, by kind (see arrowstash.logs).",
+        errors = counter("errors", "Failures the cache absorbed, by kind (see caching.logs).",
                          ("kind",))
         read = counter("read_bytes", "Bytes of entries read from the backend on hits.")
         written = counter("written_bytes", "Bytes of entries written to the backend.")

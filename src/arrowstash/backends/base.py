@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from arrowstash.entry import ALIGN, Encoded, Key, read_header, read_trailer
+from arrowstash.entry.format import ALIGN, Encoded, Key, read_header, read_trailer
 
 
 class Stored(NamedTuple):
@@ -88,7 +88,7 @@ class Backend(Protocol):
 
     ``set`` receives the encoded value rather than bytes, so that a backend able to stream (the
     File backend) writes sections straight to their destination; others collect the entry with
-    :func:`~arrowstash.entry.entry_bytes`.
+    :func:`~arrowstash.entry.format.entry_bytes`.
     """
 
     #: Reachable by other machines: pickled values need a secret, locks must be distributed.

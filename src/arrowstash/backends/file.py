@@ -22,7 +22,7 @@ import xxhash
 
 from arrowstash.backends._mmap import map_private
 from arrowstash.backends.base import EntryInfo, Held, Stored, describe, take_lock
-from arrowstash.entry import ALIGN, Encoded, Key, read_header, write_entry
+from arrowstash.entry.format import ALIGN, Encoded, Key, read_header, write_entry
 from arrowstash.errors import BackendError, CorruptEntryError
 
 SUFFIX = ".ast"

@@ -20,7 +20,7 @@ import xxhash
 from arrowstash.backends._breaker import Breaker
 from arrowstash.backends._chunks import chunk_names, join, pack_manifest, read_manifest
 from arrowstash.backends.base import EntryInfo, Held, Stored, take_lock
-from arrowstash.entry import Encoded, Key, entry_bytes
+from arrowstash.entry.format import Encoded, Key, entry_bytes
 from arrowstash.errors import BackendError
 
 _THIRTY_DAYS = 30 * 24 * 3600  # beyond this memcached reads an expiry as a Unix time

@@ -9,7 +9,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from arrowstash.backends.base import EntryInfo, Held, Stored, describe_buffer
-from arrowstash.entry import Encoded, Key, entry_bytes
+from arrowstash.entry.format import Encoded, Key, entry_bytes
 
 
 class MemoryBackend:

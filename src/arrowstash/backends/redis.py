@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 from arrowstash.backends._breaker import Breaker
 from arrowstash.backends._chunks import MANIFEST, chunk_names, join, pack_manifest, read_manifest
 from arrowstash.backends.base import EntryInfo, Held, Stored, atake_lock, describe, take_lock
-from arrowstash.entry import ALIGN, Encoded, Key, entry_bytes, read_header
+from arrowstash.entry.format import ALIGN, Encoded, Key, entry_bytes, read_header
 from arrowstash.errors import BackendError, CorruptEntryError
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgpack
 
-from arrowstash.entry import Encoded
+from arrowstash.entry.format import Encoded
 from arrowstash.errors import CorruptEntryError, SerializationError
 from arrowstash.serializers.standard import pack_checked, packer, unpack_checked, unpacker
 

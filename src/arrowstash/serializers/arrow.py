@@ -15,12 +15,12 @@ from typing import Any
 import pyarrow as pa
 
 from arrowstash import config
-from arrowstash.entry import FLAG_COMPRESSED, Encoded
+from arrowstash.entry.format import FLAG_COMPRESSED, Encoded
 from arrowstash.errors import CorruptEntryError, SerializationError
-from arrowstash.serializers._batches import Source, label_codec, rebatch
-from arrowstash.serializers._groups import group_sections, read_groups, size_groups
-from arrowstash.serializers._packing import MIN_TABLE_BYTES
-from arrowstash.serializers._pandas import from_pandas, to_pandas
+from arrowstash.serializers._arrow.batches import Source, label_codec, rebatch
+from arrowstash.serializers._arrow.groups import group_sections, read_groups, size_groups
+from arrowstash.serializers._arrow.packing import MIN_TABLE_BYTES
+from arrowstash.serializers._arrow.pandas import from_pandas, to_pandas
 
 RETURN_FORMATS = ("auto", "pandas", "polars", "arrow")
 COMPRESSIONS = ("zstd", "lz4", None)

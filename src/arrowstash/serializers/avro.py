@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from arrowstash.entry import FLAG_COMPRESSED, Encoded
+from arrowstash.entry.format import FLAG_COMPRESSED, Encoded
 from arrowstash.errors import ArrowstashError, CorruptEntryError, SerializationError
 
 RETURN_FORMATS = ("auto", "pandas", "polars", "arrow", "records")

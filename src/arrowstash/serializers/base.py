@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from arrowstash.entry import Encoded
+from arrowstash.entry.format import Encoded
 
 
 @runtime_checkable

@@ -15,10 +15,10 @@ import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
-from arrowstash._core import MISSING, UNREACHABLE, Core
 from arrowstash.backends.base import Held
-from arrowstash.decorator import CachedFunction
-from arrowstash.entry import Key
+from arrowstash.caching.decorator import CachedFunction
+from arrowstash.caching.pipeline import MISSING, UNREACHABLE, Core
+from arrowstash.entry.format import Key
 from arrowstash.errors import BackendError, SerializationError
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from arrowstash.serializers._batches import Source
+from arrowstash.serializers._arrow.batches import Source
 
 #: NumPy kinds stored as Arrow arrays and viewed back: ints, unsigned, floats, bools, datetime64
 #: and timedelta64 (naive).

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from arrowstash.entry import Key
+from arrowstash.entry.format import Key
 
 logger = logging.getLogger("arrowstash.cache")
 

@@ -1,4 +1,4 @@
-"""The shells of functions with ``stale_ttl=`` or ``refresh_ahead=`` (see arrowstash.freshness):
+"""The shells of functions with ``stale_ttl=`` or ``refresh_ahead=`` (see freshness.py):
 a hit that is due for a refresh returns at once and starts one in the background, a thread for
 sync functions and a task for async ones.
 
@@ -15,11 +15,11 @@ import threading
 import time
 from typing import Any
 
-from arrowstash._async import AsyncCachedFunction
-from arrowstash._core import MISSING, UNREACHABLE, Core
-from arrowstash.decorator import CachedFunction
-from arrowstash.entry import Key
-from arrowstash.freshness import Freshness
+from arrowstash.caching.async_shell import AsyncCachedFunction
+from arrowstash.caching.decorator import CachedFunction
+from arrowstash.caching.freshness import Freshness
+from arrowstash.caching.pipeline import MISSING, UNREACHABLE, Core
+from arrowstash.entry.format import Key
 
 
 class _Refreshing:

@@ -5,7 +5,7 @@ memory, any ``PickleBuffer``) becomes a section of the entry, written straight f
 the object's memory and handed back to ``pickle.loads`` as a view of the stored bytes.
 
 Unpickling runs code: entries written here are signed (HMAC-SHA256, see
-:mod:`arrowstash.entry`) when a secret is configured, and the decorator refuses to read them
+:mod:`arrowstash.entry.format`) when a secret is configured, and the decorator refuses to read them
 unsigned from a shared store.
 """
 
@@ -15,7 +15,7 @@ import pickle
 from collections.abc import Sequence
 from typing import Any
 
-from arrowstash.entry import Encoded
+from arrowstash.entry.format import Encoded
 from arrowstash.errors import CorruptEntryError, SerializationError
 
 

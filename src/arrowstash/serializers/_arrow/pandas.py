@@ -9,8 +9,8 @@ from typing import Any
 import pyarrow as pa
 
 from arrowstash.errors import SerializationError
-from arrowstash.serializers._batches import Source, label_codec, rebatch, rows_per_batch
-from arrowstash.serializers._plain_pandas import plain_source, to_frame
+from arrowstash.serializers._arrow.batches import Source, label_codec, rebatch, rows_per_batch
+from arrowstash.serializers._arrow.plain_pandas import plain_source, to_frame
 
 
 def from_pandas(df: Any, batch_bytes: int, split: bool) -> Source:

@@ -13,8 +13,12 @@ from typing import Any, NamedTuple
 
 from arrowstash import backends, config
 from arrowstash.backends.base import Backend, Held, Stored
-from arrowstash.crypto import KeySpec, keyring_for
-from arrowstash.entry import (
+from arrowstash.caching.freshness import Freshness
+from arrowstash.caching.keys import KeyMaker
+from arrowstash.caching.l1 import L1, L1Item, copier, frozen_size
+from arrowstash.caching.logs import EventLog
+from arrowstash.entry.crypto import KeySpec, keyring_for
+from arrowstash.entry.format import (
     FLAG_ENCRYPTED,
     Encoded,
     Entry,
@@ -25,11 +29,8 @@ from arrowstash.entry import (
     signature_valid,
 )
 from arrowstash.errors import BackendError, CorruptEntryError, SerializationError
-from arrowstash.freshness import Freshness
-from arrowstash.keys import KeyMaker
-from arrowstash.l1 import L1, L1Item, copier, frozen_size
-from arrowstash.logs import EventLog
-from arrowstash.serializers import AutoSerializer, Serializer, for_backend, resolve
+from arrowstash.serializers.base import Serializer
+from arrowstash.serializers.registry import AutoSerializer, for_backend, resolve
 
 
 class _Default:
@@ -74,7 +75,7 @@ class _Stats:
         self.stores = self.bytes_read = 0  # backend traffic, for arrowstash.metrics
         self.refreshes = 0  # background refreshes that stored a new value
         self.hit_time = self.miss_time = self.fast_time = 0.0
-        self.error_kinds: dict[str, int] = {}  # errors by kind (see arrowstash.logs)
+        self.error_kinds: dict[str, int] = {}  # errors by kind (see arrowstash.caching.logs)
 
 
 class Prepared(NamedTuple):
@@ -380,7 +381,7 @@ class Core:
 
     def error(self, kind: str, message: str, key: Key | None, exc: BaseException | None,
               topic: str | None = None, failure: bool = True) -> None:
-        """Count an error of ``kind`` and log it (rate-limited; see arrowstash.logs).
+        """Count an error of ``kind`` and log it (rate-limited; see arrowstash.caching.logs).
         ``cache_info().errors`` counts failures only, not a lock that was merely slow."""
         stats = self.stats
         stats.errors += failure

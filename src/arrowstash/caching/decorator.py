@@ -10,11 +10,11 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, overload
 
 from arrowstash import metrics
-from arrowstash._core import DEFAULT, MISSING, UNREACHABLE, CacheInfo, Core
 from arrowstash.backends.base import Backend, Held
-from arrowstash.crypto import KeySpec
-from arrowstash.entry import Key
-from arrowstash.serializers import Serializer
+from arrowstash.caching.pipeline import DEFAULT, MISSING, UNREACHABLE, CacheInfo, Core
+from arrowstash.entry.crypto import KeySpec
+from arrowstash.entry.format import Key
+from arrowstash.serializers.base import Serializer
 
 __all__ = ["DEFAULT", "CacheInfo", "CachedFunction", "cache"]
 
@@ -257,13 +257,18 @@ def cache(
         core = Core(f, **options)  # type: ignore[arg-type]
         metrics.track(core)
         if core.freshness is not None:
-            from arrowstash._fresh import FreshAsyncCachedFunction, FreshCachedFunction
+            from arrowstash.caching.fresh_shells import (
+                FreshAsyncCachedFunction,
+                FreshCachedFunction,
+            )
 
             if inspect.iscoroutinefunction(f):
                 return FreshAsyncCachedFunction(core)
             return FreshCachedFunction(core)
         if inspect.iscoroutinefunction(f):
-            from arrowstash._async import AsyncCachedFunction  # asyncio only when needed
+            from arrowstash.caching.async_shell import (
+                AsyncCachedFunction,  # asyncio only when needed
+            )
 
             return AsyncCachedFunction(core)
         return CachedFunction(core)

@@ -22,7 +22,7 @@ import xxhash
 from arrowstash.errors import CorruptEntryError
 
 if TYPE_CHECKING:
-    from arrowstash.crypto import Keyring, Sealer
+    from arrowstash.entry.crypto import Keyring, Sealer
 
 MAGIC = b"\x89AST\r\n\x1a\n"
 FORMAT_VERSION = 1
@@ -82,7 +82,7 @@ class Encoded:
     flags: int = 0
     #: A secret to sign the entry with (HMAC-SHA256 over its identity and every section byte).
     sign_with: bytes | None = None
-    #: Keys to encrypt the entry with (AES-256-GCM, see arrowstash.crypto); metadata other than
+    #: Keys to encrypt the entry with (AES-256-GCM, see entry.crypto); metadata other than
     #: None then travels encrypted as section 0 instead of in the trailer.
     encrypt_with: Keyring | None = None
 

@@ -6,46 +6,14 @@ import argparse
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
-from typing import TypeVar
+from collections.abc import Sequence
 
-from arrowstash import _avro_cli, backends
+from arrowstash import backends
 from arrowstash.backends.base import Backend, EntryInfo
-from arrowstash.entry import Key
+from arrowstash.cli import avro as avro_cli
+from arrowstash.cli._output import human_age, human_size, progress
+from arrowstash.entry.format import Key
 from arrowstash.errors import ArrowstashError
-
-T = TypeVar("T")
-
-
-def human_size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-def human_age(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.0f}s"
-
-
-def progress(items: Iterable[T], label: str) -> Iterator[T]:
-    """Count items on stderr as they go by, when stderr is a terminal."""
-    if not sys.stderr.isatty():
-        yield from items
-        return
-    last = 0.0
-    count = 0
-    for count, item in enumerate(items, 1):
-        now = time.monotonic()
-        if now - last > 0.1:
-            print(f"\r{label}: {count}", end="", file=sys.stderr, flush=True)
-            last = now
-        yield item
-    print(f"\r{label}: {count} done", file=sys.stderr)
 
 
 def _backend(url: str | None) -> Backend:
@@ -127,13 +95,13 @@ def cmd_purge(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from arrowstash.demo import run
+    from arrowstash.cli.demo import run
 
     return run(args.dir)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from arrowstash.bench import VALUES, run
+    from arrowstash.cli.bench import VALUES, run
 
     if args.repeats < 1 or args.rows < 1 or args.mib < 1:
         raise ValueError("--repeats, --rows and --mib must be positive")
@@ -169,7 +137,7 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--mib", type=int, default=256, help="size of the float64 array, MiB")
     bench.add_argument("--repeats", type=int, default=5, help="stores per value (3 hits each)")
     bench.set_defaults(run=cmd_bench)
-    _avro_cli.register(sub)
+    avro_cli.register(sub)
     return p
 
 

@@ -89,9 +89,9 @@ class _Hasher:
             self.tag(b"k", f"{cls.__module__}.{cls.__qualname__}".encode())
             self.value(obj.__cache_key__())
         else:
-            from arrowstash import _columnar
+            from arrowstash.caching import columns
 
-            if not _columnar.hash_into(self, obj):
+            if not columns.hash_into(self, obj):
                 raise TypeError(
                     f"cannot build a cache key from {self.where}: values of type "
                     f"{cls.__module__}.{cls.__qualname__} are not supported; pass key= to the "

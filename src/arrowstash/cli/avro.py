@@ -173,7 +173,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
     from arrowstash.avro import parse_schema
     from arrowstash.avro.codec import decode
     from arrowstash.avro.framing import strip_header
-    from arrowstash.cli import progress
+    from arrowstash.cli._output import progress
 
     schema = parse_schema(args.schema.read_text())
     reader = parse_schema(args.reader_schema.read_text()) if args.reader_schema else None

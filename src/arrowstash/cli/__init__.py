@@ -1,0 +1,1 @@
+"""The ``arrowstash`` command line: ``main`` dispatches to the subcommands' modules."""
