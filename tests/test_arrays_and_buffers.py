@@ -7,6 +7,7 @@ tampering, and the rules of shared backends. Everything runs on real files in ``
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import logging
@@ -953,11 +954,10 @@ def test_arrays_entries_need_no_secret_and_are_never_refused(tmp_path: Path) -> 
 
 
 class SharedMemoryBackend(MemoryBackend):
-    """A real in-process backend that only *says* it is shared (reachable by other machines),
-    which is what the decorator's pickle rules look at. Real shared backends (Redis) come with
-    a later issue."""
+    """A real in-process backend that only *declares* it is shared (writable by others), which
+    is what the decorator's pickle rules look at."""
 
-    shared = True
+    capabilities = dataclasses.replace(MemoryBackend.capabilities, shared=True)
 
 
 @pytest.mark.usefixtures("no_env_secret")

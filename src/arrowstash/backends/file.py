@@ -21,7 +21,7 @@ from typing import Any
 import xxhash
 
 from arrowstash.backends._mmap import map_private
-from arrowstash.backends.base import EntryInfo, Held, Stored, describe, take_lock
+from arrowstash.backends.base import Capabilities, EntryInfo, Held, Stored, describe, take_lock
 from arrowstash.entry.format import ALIGN, Encoded, Key, read_header, write_entry
 from arrowstash.errors import BackendError, CorruptEntryError
 
@@ -66,9 +66,8 @@ class FileBackend:
     every cached function using this backend encrypt its entries (docs/encryption.md).
     """
 
-    shared = False
-    #: Frames stay uncompressed on a local disk, so that hits are zero-copy memory maps.
-    arrow_compression: str | None = None
+    capabilities = Capabilities(shared=False, remote=False, streams_writes=True, maps_reads=True,
+                                lists_entries=True, native_ttl=False)
 
     def __init__(
         self,

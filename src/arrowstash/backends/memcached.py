@@ -19,7 +19,7 @@ import xxhash
 
 from arrowstash.backends._breaker import Breaker
 from arrowstash.backends._chunks import chunk_names, join, pack_manifest, read_manifest
-from arrowstash.backends.base import EntryInfo, Held, Stored, take_lock
+from arrowstash.backends.base import Capabilities, EntryInfo, Held, Stored, take_lock
 from arrowstash.entry.format import Encoded, Key, entry_bytes
 from arrowstash.errors import BackendError
 
@@ -43,8 +43,10 @@ class MemcachedBackend:
     (docs/encryption.md).
     """
 
-    shared = True
-    arrow_compression: str | None = "zstd"
+    #: Memcached cannot enumerate keys: no listing, and clear() hides entries behind a new
+    #: generation without counting them.
+    capabilities = Capabilities(shared=True, remote=True, streams_writes=False, maps_reads=False,
+                                lists_entries=False, native_ttl=True)
 
     def __init__(
         self,

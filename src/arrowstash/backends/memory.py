@@ -8,15 +8,16 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from arrowstash.backends.base import EntryInfo, Held, Stored, describe_buffer
+from arrowstash.backends.base import Capabilities, EntryInfo, Held, Stored, describe_buffer
 from arrowstash.entry.format import Encoded, Key, entry_bytes
 
 
 class MemoryBackend:
     """Entries kept as bytes in this process, with expiry. Unbounded: L1 is the bounded one."""
 
-    shared = False
-    arrow_compression: str | None = None  # nothing to save: the bytes never leave the process
+    capabilities = Capabilities(shared=False, remote=False, streams_writes=False,
+                                maps_reads=False, lists_entries=True, native_ttl=False)
+    encrypt = False  # the bytes never leave the process
 
     def __init__(self) -> None:
         self._data: dict[Key, tuple[bytes, float]] = {}

@@ -21,7 +21,15 @@ from urllib.parse import urlsplit
 
 from arrowstash.backends._breaker import Breaker
 from arrowstash.backends._chunks import MANIFEST, chunk_names, join, pack_manifest, read_manifest
-from arrowstash.backends.base import EntryInfo, Held, Stored, atake_lock, describe, take_lock
+from arrowstash.backends.base import (
+    Capabilities,
+    EntryInfo,
+    Held,
+    Stored,
+    atake_lock,
+    describe,
+    take_lock,
+)
 from arrowstash.entry.format import ALIGN, Encoded, Key, entry_bytes, read_header
 from arrowstash.errors import BackendError, CorruptEntryError
 
@@ -105,9 +113,8 @@ class RedisBackend:
     encrypt its entries (docs/encryption.md).
     """
 
-    shared = True
-    #: Frames cross the network: compress them.
-    arrow_compression: str | None = "zstd"
+    capabilities = Capabilities(shared=True, remote=True, streams_writes=False, maps_reads=False,
+                                lists_entries=True, native_ttl=True, async_io=True)
 
     def __init__(
         self,

@@ -13,9 +13,9 @@ import inspect
 import time
 import weakref
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
-from arrowstash.backends.base import Held
+from arrowstash.backends.base import AsyncBackend, Held
 from arrowstash.caching.decorator import CachedFunction
 from arrowstash.caching.pipeline import MISSING, UNREACHABLE, Core
 from arrowstash.entry.format import Key
@@ -33,9 +33,11 @@ class AsyncCachedFunction(CachedFunction):
             asyncio.AbstractEventLoop, dict[bytes, asyncio.Future[None]]
         ] = weakref.WeakKeyDictionary()
         backend = core.backend
-        self._aget = getattr(backend, "aget", None)
-        self._aset = getattr(backend, "aset", None)
-        self._alock = getattr(backend, "alock", None)
+        native = backend is not None and backend.capabilities.async_io
+        aio = cast(AsyncBackend, backend)
+        self._aget = aio.aget if native else None
+        self._aset = aio.aset if native else None
+        self._alock = aio.alock if native else None
         if hasattr(inspect, "markcoroutinefunction"):  # Python 3.12+
             inspect.markcoroutinefunction(self)
         else:

@@ -30,7 +30,7 @@ from arrowstash.entry.format import (
 )
 from arrowstash.errors import BackendError, CorruptEntryError, SerializationError
 from arrowstash.serializers.base import Serializer
-from arrowstash.serializers.registry import AutoSerializer, for_backend, resolve
+from arrowstash.serializers.registry import AutoSerializer, resolve
 
 
 class _Default:
@@ -160,8 +160,10 @@ class Core:
         self.namespace = namespace
         self.keys = KeyMaker(func, f"{self.name}\0{namespace}\0{version}\0", ignore, key)
         self.backend = backends.default_backend() if backend is DEFAULT else backend
-        self.serializer = for_backend(resolve(serializer), self.backend)
-        self.keyring = keyring_for(encrypt, encryption_key, self.backend)
+        remote = self.backend is not None and self.backend.capabilities.remote
+        self.serializer = resolve(serializer).for_backend(remote)
+        required = self.backend is not None and self.backend.encrypt
+        self.keyring = keyring_for(encrypt, encryption_key, required, self.backend)
         if isinstance(secret, str):
             secret = secret.encode()
         self.secret: bytes | None = config.secret() if secret is None else secret
@@ -175,7 +177,7 @@ class Core:
         self._decoders = (
             self.serializer
             if isinstance(self.serializer, AutoSerializer)
-            else AutoSerializer(self.backend)
+            else AutoSerializer(remote)
         )
         self.l1 = L1(l1_max_entries, l1_max_bytes) if l1 else None
         self.lock = lock
@@ -329,7 +331,7 @@ class Core:
                     return
                 decoder = self._decoder(serializer)
                 copies = [bytes(s) for s in sections]
-                if getattr(decoder, "mutable_results", False):
+                if decoder.mutable_results:
                     # results view their sections: each hit gets private, writable ones
                     def load() -> Any:
                         return decoder.decode(meta, [memoryview(bytearray(s)) for s in copies])
@@ -339,11 +341,11 @@ class Core:
 
     @property
     def _shared(self) -> bool:
-        return bool(getattr(self.backend, "shared", False))
+        return self.backend is not None and self.backend.capabilities.shared
 
     @staticmethod
     def _unsafe(serializer: Serializer) -> bool:
-        return bool(getattr(serializer, "executes_code", False))
+        return serializer.executes_code
 
     def _check_trust(self, entry: Entry) -> None:
         """Refuse to unpickle what this process cannot trust: entries of a code-running

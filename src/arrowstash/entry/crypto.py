@@ -54,15 +54,15 @@ def _aesgcm() -> Any:
 KeySpec = str | bytes | Sequence[str | bytes]
 
 
-def keyring_for(encrypt: bool | None, encryption_key: KeySpec | None,
+def keyring_for(encrypt: bool | None, encryption_key: KeySpec | None, required: bool,
                 backend: Any) -> Keyring | None:
     """The keys a cached function encrypts with, or None when it does not encrypt.
 
-    ``encrypt=None`` follows the backend (``encrypt=True`` on it makes every function using it
-    encrypt) and turns on where ``encryption_key=`` is given; a function cannot opt out of a
-    backend's encryption. Missing and malformed keys fail here, when the decorator is applied.
+    ``encrypt=None`` follows the backend (``required``: its ``encrypt=True`` makes every function
+    using it encrypt; ``backend`` only names it in errors) and turns on where
+    ``encryption_key=`` is given; a function cannot opt out of a backend's encryption. Missing
+    and malformed keys fail here, when the decorator is applied.
     """
-    required = bool(getattr(backend, "encrypt", False))
     if encrypt is None:
         encrypt = required or encryption_key is not None
     elif not encrypt:

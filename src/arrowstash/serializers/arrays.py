@@ -77,8 +77,12 @@ class ArraySerializer:
     """
 
     name = "arrays"
+    executes_code = False
     #: Results view their sections: callers may write to them.
     mutable_results = True
+
+    def for_backend(self, remote: bool) -> ArraySerializer:
+        return self
 
     def encode(self, value: Any) -> Encoded:
         sections: list[Any] = [b""]

@@ -45,6 +45,9 @@ class ArrowSerializer:
     compression_level: int | None = None
     batch_bytes: int = 8 << 20
     name: str = field(default="arrow", init=False)
+    executes_code = False
+    #: Uncompressed hits view their sections (pandas blocks over a private map may be written).
+    mutable_results = True
 
     def __post_init__(self) -> None:
         if self.return_format not in RETURN_FORMATS:
@@ -58,19 +61,20 @@ class ArrowSerializer:
         if self.batch_bytes < 1:
             raise ValueError(f"batch_bytes must be positive, not {self.batch_bytes!r}")
 
-    def for_backend(self, backend: Any) -> ArrowSerializer:
-        """This serializer with the default compression resolved for ``backend``."""
+    def for_backend(self, remote: bool) -> ArrowSerializer:
+        """This serializer with the default compression resolved: zstd for bytes that cross a
+        network, none on a local store (hits are then zero-copy maps)."""
         if self.compression is not _DEFAULT:
             return self
-        return replace(self, compression=self._default_codec(backend))
+        return replace(self, compression=self._default_codec(remote))
 
     @staticmethod
-    def _default_codec(backend: Any) -> str | None:
-        return config.arrow_compression(getattr(backend, "arrow_compression", "zstd"))
+    def _default_codec(remote: bool) -> str | None:
+        return config.arrow_compression("zstd" if remote else None)
 
     @property
     def _codec(self) -> str | None:
-        return self._default_codec(None) if self.compression is _DEFAULT else self.compression
+        return self._default_codec(True) if self.compression is _DEFAULT else self.compression
 
     # -- encode -----------------------------------------------------------------------------
 

@@ -38,6 +38,8 @@ class AvroSerializer:
     return_format: str = "auto"
     codec: str | None = "deflate"
     name: str = field(default="avro", init=False)
+    executes_code = False
+    mutable_results = False  # decoded into new Arrow buffers
 
     def __post_init__(self) -> None:
         from arrowstash.avro import parse_schema
@@ -53,6 +55,9 @@ class AvroSerializer:
             raise ValueError(f"codec must be one of {CODECS}, not {self.codec!r}") from None
         if self.schema is not None:
             object.__setattr__(self, "schema", parse_schema(self.schema))
+
+    def for_backend(self, remote: bool) -> AvroSerializer:
+        return self  # the container's codec is chosen by ``codec=``, wherever it is stored
 
     def encode(self, value: Any) -> Encoded:
         from arrowstash.avro import from_arrow_schema

@@ -22,6 +22,16 @@ class Serializer(Protocol):
     @property
     def name(self) -> str: ...
 
+    #: Loading an entry runs code (unpickling): such entries are loaded only where the backend
+    #: is trusted or the entry carries a valid tag.
+    executes_code: bool
+    #: Results view their sections and may be written to: each L1 hit needs private buffers.
+    mutable_results: bool
+
+    def for_backend(self, remote: bool) -> Serializer:
+        """This serializer with its defaults chosen for a store that is ``remote`` (e.g.
+        compression for bytes that cross a network); ``self`` when nothing depends on it."""
+
     def encode(self, value: Any) -> Encoded: ...
 
     def decode(self, meta: Any, sections: Sequence[memoryview]) -> Any: ...

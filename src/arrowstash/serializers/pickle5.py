@@ -28,6 +28,9 @@ class BufferSerializer:
     #: Loaded arrays view their sections: callers may write to them.
     mutable_results = True
 
+    def for_backend(self, remote: bool) -> BufferSerializer:
+        return self
+
     def __init__(self, inband_below: int = 4096) -> None:
         self.inband_below = inband_below
 

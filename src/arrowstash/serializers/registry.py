@@ -57,23 +57,19 @@ AUTO_FALLBACK = "standard"
 AUTO_LAST_RESORT = "buffers"
 
 
-def for_backend(serializer: Serializer, backend: Any) -> Serializer:
-    """Let a serializer adapt its defaults to the backend (e.g. compression)."""
-    adapt = getattr(serializer, "for_backend", None)
-    return adapt(backend) if adapt is not None else serializer
-
-
 class AutoSerializer:
     """Picks a serializer per value and records its choice in the entry."""
 
     name = "auto"
+    executes_code = False  # its members declare their own; entries name the member
+    mutable_results = False
 
-    def __init__(self, backend: Any = None) -> None:
+    def __init__(self, remote: bool = True) -> None:
         self._members: dict[str, Serializer] = {}
-        self._backend = backend
+        self._remote = remote
 
-    def for_backend(self, backend: Any) -> AutoSerializer:
-        return AutoSerializer(backend)
+    def for_backend(self, remote: bool) -> AutoSerializer:
+        return AutoSerializer(remote)
 
     def member(self, name: str) -> Serializer:
         serializer = self._members.get(name)
@@ -84,7 +80,7 @@ class AutoSerializer:
                 raise SerializationError(
                     f"entry written by serializer {name!r}, which this arrowstash does not have"
                 ) from None
-            serializer = self._members[name] = for_backend(factory(), self._backend)
+            serializer = self._members[name] = factory().for_backend(self._remote)
         return serializer
 
     def choose(self, value: Any) -> Serializer:

@@ -121,6 +121,11 @@ class StandardSerializer:
     """
 
     name = "standard"
+    executes_code = False
+    mutable_results = False  # decoded containers are new objects; nothing views the entry
+
+    def for_backend(self, remote: bool) -> StandardSerializer:
+        return self
 
     def encode(self, value: Any) -> Encoded:
         return Encoded(self.name, None, [self.pack(value)])
