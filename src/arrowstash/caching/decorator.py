@@ -11,7 +11,8 @@ from typing import Any, TypeVar, overload
 
 from arrowstash import metrics
 from arrowstash.backends.base import Backend, Held
-from arrowstash.caching.pipeline import DEFAULT, MISSING, UNREACHABLE, CacheInfo, Core
+from arrowstash.caching.options import DEFAULT, Options
+from arrowstash.caching.pipeline import MISSING, UNREACHABLE, CacheInfo, Core
 from arrowstash.entry.crypto import KeySpec
 from arrowstash.entry.format import Key
 from arrowstash.serializers.base import Serializer
@@ -188,7 +189,7 @@ def cache(
     ttl: float | dt.timedelta | None = ...,
     namespace: str = ...,
     version: str | int | None = ...,
-    backend: Backend | None = ...,
+    backend: Backend | str | None = ...,
     serializer: str | Serializer = ...,
     l1: bool = ...,
     l1_max_entries: int = ...,
@@ -213,7 +214,7 @@ def cache(
     ttl: float | dt.timedelta | None = None,
     namespace: str = "default",
     version: str | int | None = None,
-    backend: Backend | None = DEFAULT,
+    backend: Backend | str | None = DEFAULT,
     serializer: str | Serializer = "auto",
     l1: bool = True,
     l1_max_entries: int = 1024,
@@ -229,32 +230,23 @@ def cache(
     stale_ttl: float | dt.timedelta | None = None,
     refresh_ahead: float | None = None,
 ) -> Any:
-    """Cache a function's results by its arguments; see docs/decorator.md.
+    """Cache a function's results by its arguments (see docs/decorator.md).
 
-    ``backend=None`` keeps results in this process only (L1); by default they go to
-    ``ARROWSTASH_URL`` or a File backend in the user's cache folder. ``key=`` replaces the
-    argument encoding by a function of the same arguments; ``ignore=`` leaves parameters out of
-    the key. Results that cannot be serialized are returned uncached (and logged) unless
-    ``strict=True``, which also raises backend failures instead of logging them. ``secret``
-    (default ``ARROWSTASH_SECRET``) signs and checks entries of serializers that unpickle.
-    ``encrypt=True`` encrypts entries with AES-256-GCM under ``encryption_key`` (default
-    ``ARROWSTASH_KEY``); see docs/encryption.md. ``stale_ttl`` serves an expired value for that
-    much longer while it is recomputed in the background; ``refresh_ahead=0.8`` starts that
-    refresh at 80% of the ttl (see docs/observability.md).
+    Each option is described, defaulted and validated in
+    :class:`arrowstash.caching.options.Options`: a bad value fails here, when the decorator is
+    applied. ``backend`` takes a Backend, a URL string, ``None`` (this process only) or DEFAULT
+    (``ARROWSTASH_URL``, else a File backend in the user's cache folder).
     """
-    options = dict(
-        ttl=ttl, namespace=namespace, version=version, backend=backend, serializer=serializer,
-        l1=l1, l1_max_entries=l1_max_entries, l1_max_bytes=l1_max_bytes, key=key, ignore=ignore,
-        lock=lock, lock_timeout=lock_timeout, strict=strict, secret=secret, encrypt=encrypt,
-        encryption_key=encryption_key, stale_ttl=stale_ttl, refresh_ahead=refresh_ahead,
-    )
+    # The parameters are the fields of Options (tests/test_options.py holds them equal), so the
+    # call's locals are exactly the options: validated once, there.
+    options = Options(**{name: value for name, value in locals().items() if name != "func"})
 
     def decorate(f: Any) -> Any:
         if isinstance(f, (staticmethod, classmethod)):
             return type(f)(decorate(f.__func__))
         if not callable(f):
             raise TypeError(f"@cache needs a function, not {type(f).__qualname__}")
-        core = Core(f, **options)  # type: ignore[arg-type]
+        core = Core(f, options)
         metrics.track(core)
         if core.freshness is not None:
             from arrowstash.caching.fresh_shells import (

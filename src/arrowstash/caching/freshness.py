@@ -10,9 +10,12 @@ lead that follows from the function's own options.
 
 from __future__ import annotations
 
-import datetime as dt
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from arrowstash.caching.options import Options
 
 
 @dataclass(frozen=True)
@@ -25,26 +28,13 @@ class Freshness:
     _guard: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
     @classmethod
-    def of(cls, ttl: float | None, stale_ttl: float | dt.timedelta | None,
-           refresh_ahead: float | None) -> Freshness | None:
-        """The policy for these options (None when neither is set); checks them."""
-        if stale_ttl is None and refresh_ahead is None:
+    def of(cls, options: Options) -> Freshness | None:
+        """The policy for these (validated) options; None when neither is set."""
+        if options.stale_ttl is None and options.refresh_ahead is None:
             return None
-        if ttl is None:
-            raise ValueError("stale_ttl and refresh_ahead need a ttl: entries that never expire "
-                             "are never stale")
-        if isinstance(stale_ttl, dt.timedelta):
-            stale_ttl = stale_ttl.total_seconds()
-        if stale_ttl is not None and (not isinstance(stale_ttl, (int, float))
-                                      or isinstance(stale_ttl, bool) or stale_ttl <= 0):
-            raise ValueError(f"stale_ttl must be a positive number of seconds, not {stale_ttl!r}")
-        if refresh_ahead is not None and (not isinstance(refresh_ahead, (int, float))
-                                          or isinstance(refresh_ahead, bool)
-                                          or not 0 < refresh_ahead < 1):
-            raise ValueError(f"refresh_ahead must be a fraction of the ttl between 0 and 1 "
-                             f"(e.g. 0.8), not {refresh_ahead!r}")
-        lifetime = ttl + (stale_ttl or 0.0)
-        return cls(lifetime, lifetime - ttl * (refresh_ahead or 1.0))
+        assert options.ttl is not None  # Options refuses stale_ttl or refresh_ahead without it
+        lifetime = options.ttl + (options.stale_ttl or 0.0)
+        return cls(lifetime, lifetime - options.ttl * (options.refresh_ahead or 1.0))
 
     def due(self, expires: float, now: float) -> bool:
         """Whether a value of an entry expiring at ``expires`` should be refreshed now."""

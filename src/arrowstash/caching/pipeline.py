@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from arrowstash import backends, config
+from arrowstash import config
 from arrowstash.backends.base import Backend, Held, Stored
+from arrowstash.backends.registry import default_backend, from_url
 from arrowstash.caching.freshness import Freshness
 from arrowstash.caching.keys import KeyMaker
 from arrowstash.caching.l1 import L1, L1Item, copier, frozen_size
 from arrowstash.caching.logs import EventLog
-from arrowstash.entry.crypto import KeySpec, keyring_for
+from arrowstash.caching.options import DEFAULT, Options
+from arrowstash.entry.crypto import keyring_for
 from arrowstash.entry.format import (
     FLAG_ENCRYPTED,
     Encoded,
@@ -32,15 +33,6 @@ from arrowstash.errors import BackendError, CorruptEntryError, SerializationErro
 from arrowstash.serializers.base import Serializer
 from arrowstash.serializers.registry import AutoSerializer, resolve
 
-
-class _Default:
-    def __repr__(self) -> str:
-        return "<default backend>"
-
-
-#: ``backend=DEFAULT`` (the default) means ``ARROWSTASH_URL`` or the user's cache folder;
-#: ``backend=None`` means L1 only.
-DEFAULT: Any = _Default()
 MISSING: Any = object()
 #: A first look that found the backend failing: the call computes without it (one timeout).
 UNREACHABLE: Any = object()
@@ -76,6 +68,18 @@ class _Stats:
         self.refreshes = 0  # background refreshes that stored a new value
         self.hit_time = self.miss_time = self.fast_time = 0.0
         self.error_kinds: dict[str, int] = {}  # errors by kind (see arrowstash.caching.logs)
+
+
+def _backend(spec: Backend | str | None) -> Backend | None:
+    """The backend an option names: an instance, a URL, None (L1 only) or DEFAULT."""
+    if spec is DEFAULT:
+        return default_backend()
+    if isinstance(spec, str):
+        return from_url(spec)
+    if spec is not None and not isinstance(spec, Backend):
+        raise TypeError(f"backend must be a Backend, a URL string, None or DEFAULT, not "
+                        f"{type(spec).__qualname__}")
+    return spec
 
 
 class Prepared(NamedTuple):
@@ -118,55 +122,24 @@ class _Flights:
 class Core:
     """Everything a call does, in small stages shared by the sync and async shells."""
 
-    def __init__(
-        self,
-        func: Callable[..., Any],
-        *,
-        ttl: float | dt.timedelta | None,
-        namespace: str,
-        version: str | int | None,
-        backend: Backend | None,
-        serializer: str | Serializer,
-        l1: bool,
-        l1_max_entries: int,
-        l1_max_bytes: int,
-        key: Callable[..., Any] | None,
-        ignore: Iterable[str],
-        lock: bool,
-        lock_timeout: float,
-        strict: bool,
-        secret: str | bytes | None,
-        encrypt: bool | None = None,
-        encryption_key: KeySpec | None = None,
-        stale_ttl: float | dt.timedelta | None = None,
-        refresh_ahead: float | None = None,
-    ) -> None:
-        if isinstance(ttl, dt.timedelta):
-            ttl = ttl.total_seconds()
-        if ttl is not None and (not isinstance(ttl, (int, float)) or ttl <= 0):
-            raise ValueError(f"ttl must be a positive number of seconds or None, not {ttl!r}")
-        if not isinstance(namespace, str) or not namespace:
-            raise ValueError(f"namespace must be a non-empty string, not {namespace!r}")
-        if isinstance(ignore, str):
-            ignore = (ignore,)
-        if lock_timeout < 0:
-            raise ValueError(f"lock_timeout must be >= 0, not {lock_timeout!r}")
+    def __init__(self, func: Callable[..., Any], options: Options) -> None:
         self.func = func
+        self.options = options
         self.name = f"{func.__module__}.{func.__qualname__}"
-        self.ttl = ttl
-        self.freshness = Freshness.of(ttl, stale_ttl, refresh_ahead)
+        namespace = self.namespace = options.namespace
+        self.ttl = options.ttl
+        self.freshness = Freshness.of(options)
         #: how long entries are kept: past ``ttl`` while they may still be served stale
-        self.lifetime = ttl if self.freshness is None else self.freshness.lifetime
-        self.namespace = namespace
-        self.keys = KeyMaker(func, f"{self.name}\0{namespace}\0{version}\0", ignore, key)
-        self.backend = backends.default_backend() if backend is DEFAULT else backend
+        self.lifetime = self.ttl if self.freshness is None else self.freshness.lifetime
+        self.keys = KeyMaker(func, f"{self.name}\0{namespace}\0{options.version}\0",
+                             options.ignore, options.key)
+        self.backend = _backend(options.backend)
         remote = self.backend is not None and self.backend.capabilities.remote
-        self.serializer = resolve(serializer).for_backend(remote)
+        self.serializer = resolve(options.serializer).for_backend(remote)
         required = self.backend is not None and self.backend.encrypt
-        self.keyring = keyring_for(encrypt, encryption_key, required, self.backend)
-        if isinstance(secret, str):
-            secret = secret.encode()
-        self.secret: bytes | None = config.secret() if secret is None else secret
+        self.keyring = keyring_for(options.encrypt, options.encryption_key, required,
+                                   self.backend)
+        self.secret: bytes | None = options.secret or config.secret()
         if self._unsafe(self.serializer) and not self.secret and self._shared \
                 and self.keyring is None:
             raise ValueError(
@@ -179,10 +152,10 @@ class Core:
             if isinstance(self.serializer, AutoSerializer)
             else AutoSerializer(remote)
         )
-        self.l1 = L1(l1_max_entries, l1_max_bytes) if l1 else None
-        self.lock = lock
-        self.lock_timeout = lock_timeout
-        self.strict = strict
+        self.l1 = L1(options.l1_max_entries, options.l1_max_bytes) if options.l1 else None
+        self.lock = options.lock
+        self.lock_timeout = options.lock_timeout
+        self.strict = options.strict
         self.stats = _Stats()
         self.flights = _Flights()
         self.log = EventLog(self.name, namespace, self.backend)
