@@ -2,10 +2,11 @@
 
 Counters are not kept twice: a scrape reads the counters each function keeps anyway for
 ``cache_info()``, so they cost the calls nothing. What enabling adds is the latency histograms of
-backend hits, misses and stores, observed by metered versions of those stages that ``enable``
-installs (and ``disable`` removes): calls of a process that never enables metrics run exactly the
-code they ran before. The fast L1 hit is not touched even then: bucketing a latency costs about
-as much as the hit itself, so hits get their total time and count (a summary) instead.
+backend hits, misses and stores, recorded by a ``Meter`` that ``enable`` attaches to every
+cached function as its observer (and ``disable`` detaches): without metrics each hook site of
+the pipeline costs one attribute test. The fast L1 hit is not touched even then: bucketing a
+latency costs about as much as the hit itself, so hits get their total time and count (a
+summary) instead.
 
 Labels are the function's ``namespace``, ``function`` (module and qualified name) and
 ``backend`` (its class name), plus ``layer``, ``kind`` or ``state`` where said: all bounded by
@@ -15,18 +16,16 @@ the code, never by the data (no keys, no arguments).
 from __future__ import annotations
 
 import threading
-import time
-import weakref
 from bisect import bisect_left
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from arrowstash.caching import observers
 from arrowstash.caching.logs import backend_name
 
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
-    from arrowstash.caching.pipeline import Core
 
 __all__ = ["BUCKETS", "disable", "enable", "enabled"]
 
@@ -37,7 +36,6 @@ BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.0
 #: What the backend's circuit breaker reports, as the values of the ``state`` label.
 BREAKER_STATES = ("closed", "open", "half-open")
 
-_cores: weakref.WeakSet[Core] = weakref.WeakSet()
 _lock = threading.Lock()
 _exported: tuple[Any, Any] | None = None  # (registry, collector) while enabled
 
@@ -57,22 +55,23 @@ class Histogram:
 
 
 class Meter:
-    """The histograms of one function, filled by the metered stages."""
+    """The histograms of one function: its observer (see arrowstash.caching.observers)."""
 
-    __slots__ = ("backend_hit", "miss", "store")
+    __slots__ = ("hits", "misses", "stores")
 
     def __init__(self) -> None:
-        self.backend_hit = Histogram()
-        self.miss = Histogram()
-        self.store = Histogram()
+        self.hits = Histogram()
+        self.misses = Histogram()
+        self.stores = Histogram()
 
+    def backend_hit(self, seconds: float) -> None:
+        self.hits.observe(seconds)
 
-def track(core: Core) -> None:
-    """Called for every new cached function: meter it if metrics are on."""
-    with _lock:
-        _cores.add(core)
-        if _exported is not None:
-            _meter(core)
+    def miss(self, seconds: float) -> None:
+        self.misses.observe(seconds)
+
+    def stored(self, seconds: float) -> None:
+        self.stores.observe(seconds)
 
 
 def enabled() -> bool:
@@ -97,51 +96,18 @@ def enable(registry: CollectorRegistry | None = None) -> None:
         collector = _Collector()
         registry.register(collector)
         _exported = (registry, collector)
-        for core in list(_cores):
-            if "meter" not in vars(core):
-                _meter(core)
+    observers.observe(Meter)
 
 
 def disable() -> None:
-    """Stop exporting and remove the metered stages."""
+    """Stop exporting and detach the meters."""
     global _exported
     with _lock:
         if _exported is None:
             return
         _exported[0].unregister(_exported[1])
         _exported = None
-        for core in list(_cores):
-            for name in ("meter", "record_hit", "record_miss", "store"):
-                vars(core).pop(name, None)  # the class's plain stages show through again
-
-
-def _meter(core: Core) -> None:
-    """Shadow the core's record_hit, record_miss and store by metered versions."""
-    meter = Meter()
-    plain_hit, plain_miss, plain_store = core.record_hit, core.record_miss, core.store
-    clock = time.perf_counter
-    backend_hit, miss, store = meter.backend_hit, meter.miss, meter.store
-
-    def record_hit(started: float, layer_l1: bool) -> None:
-        plain_hit(started, layer_l1)
-        if not layer_l1:
-            backend_hit.observe(clock() - started)
-
-    def record_miss(started: float) -> None:
-        plain_miss(started)
-        miss.observe(clock() - started)
-
-    def timed_store(*args: Any, **kwargs: Any) -> None:
-        started = clock()
-        try:
-            plain_store(*args, **kwargs)
-        finally:
-            store.observe(clock() - started)
-
-    core.meter = meter  # type: ignore[attr-defined]
-    core.record_hit = record_hit  # type: ignore[method-assign]
-    core.record_miss = record_miss  # type: ignore[method-assign]
-    core.store = timed_store  # type: ignore[method-assign]
+    observers.observe(None)
 
 
 class _Collector:
@@ -181,7 +147,7 @@ class _Collector:
         breaker = GaugeMetricFamily(
             "arrowstash_breaker_state", "1 for the state the backend's circuit breaker is in.",
             labels=[*base, "state"])
-        for core in list(_cores):
+        for core in observers.live():
             labels = [core.namespace, core.name, backend_name(core.backend)]
             info = core.info()
             stats = core.stats
@@ -196,10 +162,10 @@ class _Collector:
             refreshes.add_metric(labels, stats.refreshes)
             hit_time.add_metric(labels, info.hits, info.mean_hit_latency * info.hits)
             l1_entries.add_metric(labels, info.l1_entries)
-            meter: Meter | None = vars(core).get("meter")
-            if meter is not None:
-                for family, hist in ((backend_hit, meter.backend_hit), (miss, meter.miss),
-                                     (store, meter.store)):
+            meter = core.observer
+            if isinstance(meter, Meter):
+                for family, hist in ((backend_hit, meter.hits), (miss, meter.misses),
+                                     (store, meter.stores)):
                     family.add_metric(labels, _cumulative(hist), hist.total)
             state = getattr(getattr(core.backend, "breaker", None), "state", None)
             if state is not None:

@@ -87,6 +87,7 @@ class AsyncCachedFunction(CachedFunction):
         if self._aset is None or not to_backend or core.backend is None:
             await asyncio.to_thread(core.store, key, value, to_backend)
             return
+        started = time.perf_counter()
         prepared = await asyncio.to_thread(core.prepare, key, value, to_backend)
         if prepared is None:
             return
@@ -97,7 +98,7 @@ class AsyncCachedFunction(CachedFunction):
         except (SerializationError, BackendError) as exc:
             core.write_failed(key, value, exc)
             return
-        core.stored(key, value, prepared)
+        core.stored(key, value, prepared, started)
 
     @contextlib.asynccontextmanager
     async def _locked(self, key: Key) -> AsyncIterator[Held]:

@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, overload
 
-from arrowstash import metrics
 from arrowstash.backends.base import Backend, Held
+from arrowstash.caching import observers
 from arrowstash.caching.options import DEFAULT, Options
 from arrowstash.caching.pipeline import MISSING, UNREACHABLE, CacheInfo, Core
 from arrowstash.entry.crypto import KeySpec
@@ -247,7 +247,7 @@ def cache(
         if not callable(f):
             raise TypeError(f"@cache needs a function, not {type(f).__qualname__}")
         core = Core(f, options)
-        metrics.track(core)
+        observers.register(core)
         if core.freshness is not None:
             from arrowstash.caching.fresh_shells import (
                 FreshAsyncCachedFunction,

@@ -17,6 +17,7 @@ from arrowstash.caching.freshness import Freshness
 from arrowstash.caching.keys import KeyMaker
 from arrowstash.caching.l1 import L1, L1Item, copier, frozen_size
 from arrowstash.caching.logs import EventLog
+from arrowstash.caching.observers import Observer
 from arrowstash.caching.options import DEFAULT, Options
 from arrowstash.entry.crypto import keyring_for
 from arrowstash.entry.format import (
@@ -157,6 +158,7 @@ class Core:
         self.lock_timeout = options.lock_timeout
         self.strict = options.strict
         self.stats = _Stats()
+        self.observer: Observer | None = None  # see caching.observers
         self.flights = _Flights()
         self.log = EventLog(self.name, namespace, self.backend)
         self._parsed: dict[Any, Entry] = {}  # validated headers of unchanged stored entries
@@ -234,6 +236,7 @@ class Core:
         return value, expires
 
     def store(self, key: Key, value: Any, to_backend: bool = True) -> None:
+        started = time.perf_counter()
         prepared = self.prepare(key, value, to_backend)
         if prepared is None:
             return
@@ -245,7 +248,7 @@ class Core:
             except (SerializationError, BackendError) as exc:
                 self.write_failed(key, value, exc)
                 return
-        self.stored(key, value, prepared)
+        self.stored(key, value, prepared, started)
 
     def prepare(self, key: Key, value: Any, to_backend: bool = True) -> Prepared | None:
         """Encode ``value`` for storing (signed or to be encrypted as configured); None (after
@@ -280,9 +283,11 @@ class Core:
         self.error("serialize", "result not cached", key, exc,
                    topic=f"serialize {type(value).__qualname__}")
 
-    def stored(self, key: Key, value: Any, prepared: Prepared) -> None:
-        """Count a store, and keep the value in L1."""
+    def stored(self, key: Key, value: Any, prepared: Prepared, started: float) -> None:
+        """Count a store that began at ``started``, and keep the value in L1."""
         self.stats.stores += 1
+        if self.observer is not None:
+            self.observer.stored(time.perf_counter() - started)
         if self.l1 is not None:
             encoded = prepared.encoded
             self._l1_put(key.digest, value, encoded.serializer, encoded.meta, encoded.sections,
@@ -397,11 +402,17 @@ class Core:
         stats = self.stats
         stats.hits += 1
         stats.l1_hits += layer_l1
-        stats.hit_time += time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        stats.hit_time += elapsed
+        if not layer_l1 and self.observer is not None:
+            self.observer.backend_hit(elapsed)
 
     def record_miss(self, started: float) -> None:
+        elapsed = time.perf_counter() - started
         self.stats.misses += 1
-        self.stats.miss_time += time.perf_counter() - started
+        self.stats.miss_time += elapsed
+        if self.observer is not None:
+            self.observer.miss(elapsed)
 
     def info(self) -> CacheInfo:
         s = self.stats
