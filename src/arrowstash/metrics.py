@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from arrowstash.caching import observers
 from arrowstash.caching.logs import backend_name
@@ -26,6 +26,7 @@ from arrowstash.caching.logs import backend_name
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
+    from arrowstash.caching.pipeline import Core
 
 __all__ = ["BUCKETS", "disable", "enable", "enabled"]
 
@@ -147,7 +148,7 @@ class _Collector:
         breaker = GaugeMetricFamily(
             "arrowstash_breaker_state", "1 for the state the backend's circuit breaker is in.",
             labels=[*base, "state"])
-        for core in observers.live():
+        for core in cast("list[Core]", observers.live()):
             labels = [core.namespace, core.name, backend_name(core.backend)]
             info = core.info()
             stats = core.stats

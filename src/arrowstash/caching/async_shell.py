@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator
 from typing import Any, cast
 
 from arrowstash.backends.base import AsyncBackend, Held
-from arrowstash.caching.decorator import CachedFunction
 from arrowstash.caching.pipeline import MISSING, UNREACHABLE, Core
+from arrowstash.caching.sync_shell import CachedFunction
 from arrowstash.entry.format import Key
 from arrowstash.errors import BackendError, SerializationError
 

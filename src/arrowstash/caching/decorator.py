@@ -3,180 +3,21 @@
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import inspect
-import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, overload
 
-from arrowstash.backends.base import Backend, Held
+from arrowstash.backends.base import Backend
 from arrowstash.caching import observers
 from arrowstash.caching.options import DEFAULT, Options
-from arrowstash.caching.pipeline import MISSING, UNREACHABLE, CacheInfo, Core
+from arrowstash.caching.pipeline import CacheInfo, Core
+from arrowstash.caching.sync_shell import CachedFunction
 from arrowstash.entry.crypto import KeySpec
-from arrowstash.entry.format import Key
 from arrowstash.serializers.base import Serializer
 
 __all__ = ["DEFAULT", "CacheInfo", "CachedFunction", "cache"]
 
-_clock = time.perf_counter
-_now = time.time
-
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class CachedFunction:
-    """A cached function: call it like the original; the methods below manage its entries."""
-
-    def __init__(self, core: Core) -> None:
-        self._core = core
-        # bound once: the fast path reads them on every call
-        self._stats = core.stats
-        self._fast = core.l1.fast if core.l1 is not None else None
-        self._recency: Callable[..., object] = (
-            core.l1.items.move_to_end if core.l1 is not None else bytes
-        )
-        self.uncached = core.func
-        functools.update_wrapper(self, core.func)
-
-    def __repr__(self) -> str:
-        return f"<cached {self._core.name} backend={self._core.backend!r}>"
-
-    def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        if obj is None:
-            return self
-        return _Bound(self, obj)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # The L1 hit of plain positional arguments, inlined: the path that must cost well under
-        # a microsecond. Anything else (and every miss) takes the canonical key in _call.
-        fast = self._fast
-        if not kwargs and fast is not None:
-            stats = self._stats
-            # One fast hit in 64 is timed (two clock reads would be a sixth of the hit); the
-            # mean hit latency of cache_info() extrapolates from those.
-            sampled = not stats.fast_hits & 63
-            started = _clock() if sampled else 0.0
-            try:
-                found = fast.get(args)
-            except TypeError:  # unhashable arguments
-                found = None
-            if found is not None:
-                types, item = found
-                expires = item.expires
-                # 1, 1.0 and True are equal dict keys but different arguments: compare types
-                # (one-argument calls without building a tuple)
-                if (type(args[0]) is types[0] if len(args) == 1
-                        else types == tuple(map(type, args))) \
-                        and (not expires or expires > _now()):
-                    try:  # noqa: SIM105 (contextlib.suppress would cost a third of the hit)
-                        self._recency(item.digest)
-                    except KeyError:  # dropped by another thread meanwhile: still valid now
-                        pass
-                    load = item.load
-                    value = item.value if load is None else load()
-                    stats.fast_hits += 1
-                    if sampled:
-                        stats.fast_timed += 1
-                        stats.fast_time += _clock() - started
-                    return value
-        return self._call(args, kwargs)
-
-    def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        core = self._core
-        started = time.perf_counter()
-        digest = core.keys(args, kwargs)
-        value = self._resolve(digest, args, kwargs, started)
-        if not kwargs and self._fast is not None and core.l1 is not None:
-            core.l1.alias(args, digest)  # the next such call takes the fast path
-        return value
-
-    def _resolve(self, digest: bytes, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 started: float) -> Any:
-        core = self._core
-        value = core.l1_get(digest)
-        if value is not MISSING:
-            core.record_hit(started, True)
-            return value
-        key = core.key(digest)
-        value = core.backend_get(key)
-        if value is not MISSING and value is not UNREACHABLE:
-            core.record_hit(started, False)
-            return value
-        return self._miss(key, value, args, kwargs, started)
-
-    def _miss(self, key: Key, first: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-              started: float) -> Any:
-        """After a first look that found nothing (``first``: MISSING or UNREACHABLE)."""
-        core = self._core
-        if first is UNREACHABLE:
-            return self._compute(key, args, kwargs, started, to_backend=False)
-        with core.flights.hold(key.digest) as waited:
-            if waited:  # another thread may have stored it while we waited
-                value = self._lookup(key)
-                if value is not MISSING:
-                    core.record_hit(started, False)
-                    return value
-            with core.locked(key) as held:
-                if held is not Held.FREE:  # another process may have stored it meanwhile
-                    value = core.backend_get(key, report=False)
-                    if value is not MISSING:
-                        core.record_hit(started, False)
-                        return value
-                return self._compute(key, args, kwargs, started)
-
-    def _lookup(self, key: Key) -> Any:
-        """The second look of a miss; its failures were already reported by the first."""
-        value = self._core.l1_get(key.digest)
-        return value if value is not MISSING else self._core.backend_get(key, report=False)
-
-    def _compute(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 started: float, to_backend: bool = True) -> Any:
-        value = self._core.func(*args, **kwargs)
-        self._core.store(key, value, to_backend)
-        self._core.record_miss(started)
-        return value
-
-    def cache_key(self, *args: Any, **kwargs: Any) -> Key:
-        """The key a call with these arguments uses."""
-        return self._core.key(self._core.keys(args, kwargs))
-
-    def cache_info(self) -> CacheInfo:
-        return self._core.info()
-
-    def cache_clear(self) -> int:
-        """Delete this function's entries (every version) from L1 and the backend."""
-        return self._core.clear()
-
-    def invalidate(self, *args: Any, **kwargs: Any) -> bool:
-        """Delete the entry of one call; return whether the backend held it."""
-        return self._core.forget(self._core.keys(args, kwargs))
-
-    def refresh(self, *args: Any, **kwargs: Any) -> Any:
-        """Recompute one call, store the result and return it."""
-        key = self.cache_key(*args, **kwargs)
-        value = self._core.func(*args, **kwargs)
-        self._core.store(key, value)
-        return value
-
-
-class _Bound:
-    """A cached method bound to its instance: every verb gets the instance as first argument."""
-
-    __slots__ = ("_cached", "_obj")
-
-    def __init__(self, cached: CachedFunction, obj: Any) -> None:
-        self._cached = cached
-        self._obj = obj
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._cached(self._obj, *args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._cached, name)
-        if name in ("invalidate", "refresh", "cache_key"):
-            return functools.partial(attr, self._obj)
-        return attr
 
 
 @overload

@@ -16,9 +16,9 @@ import time
 from typing import Any
 
 from arrowstash.caching.async_shell import AsyncCachedFunction
-from arrowstash.caching.decorator import CachedFunction
 from arrowstash.caching.freshness import Freshness
 from arrowstash.caching.pipeline import MISSING, UNREACHABLE, Core
+from arrowstash.caching.sync_shell import CachedFunction
 from arrowstash.entry.format import Key
 
 

@@ -10,10 +10,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
-
-if TYPE_CHECKING:
-    from arrowstash.caching.pipeline import Core
+from typing import Protocol
 
 
 class Observer(Protocol):
@@ -29,12 +26,18 @@ class Observer(Protocol):
         """Serializing and storing one result (sync and async functions alike)."""
 
 
-_live: weakref.WeakSet[Core] = weakref.WeakSet()
+class Observed(Protocol):
+    """A cached function's pipeline, as observers see it: the slot they are attached to."""
+
+    observer: Observer | None
+
+
+_live: weakref.WeakSet[Observed] = weakref.WeakSet()
 _factory: Callable[[], Observer] | None = None
 _lock = threading.Lock()
 
 
-def register(core: Core) -> None:
+def register(core: Observed) -> None:
     """Called once per new cached function: it joins the live ones and gets an observer if
     one is being attached."""
     with _lock:
@@ -56,7 +59,7 @@ def observe(factory: Callable[[], Observer] | None) -> None:
                 core.observer = factory()
 
 
-def live() -> list[Core]:
+def live() -> list[Observed]:
     """The cached functions of this process that are still referenced."""
     with _lock:
         return list(_live)
