@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import arrowstash.caching.decorator
+import arrowstash.caching.sync_shell
 from arrowstash import MemoryBackend, cache
 from arrowstash.caching.l1 import L1, L1Item, copier
 
@@ -117,7 +117,7 @@ def test_unhashable_and_unusual_arguments_take_the_canonical_path() -> None:
 def test_ttl_applies_to_fast_hits(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [1_000_000.0]
     monkeypatch.setattr(time, "time", lambda: clock[0])
-    monkeypatch.setattr(arrowstash.caching.decorator, "_now", lambda: clock[0])
+    monkeypatch.setattr(arrowstash.caching.sync_shell, "_now", lambda: clock[0])
     body = Calls()
 
     @cache(backend=None, ttl=10)

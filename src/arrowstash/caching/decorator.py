@@ -89,19 +89,8 @@ def cache(
             raise TypeError(f"@cache needs a function, not {type(f).__qualname__}")
         core = Core(f, options)
         observers.register(core)
-        if core.freshness is not None:
-            from arrowstash.caching.fresh_shells import (
-                FreshAsyncCachedFunction,
-                FreshCachedFunction,
-            )
-
-            if inspect.iscoroutinefunction(f):
-                return FreshAsyncCachedFunction(core)
-            return FreshCachedFunction(core)
         if inspect.iscoroutinefunction(f):
-            from arrowstash.caching.async_shell import (
-                AsyncCachedFunction,  # asyncio only when needed
-            )
+            from arrowstash.caching.async_shell import AsyncCachedFunction  # loads asyncio
 
             return AsyncCachedFunction(core)
         return CachedFunction(core)

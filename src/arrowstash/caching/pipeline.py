@@ -1,12 +1,13 @@
-"""The stages of a cached call (key, L1, backend, store, locks, counters), shared by the shells."""
+"""The stages of a cached call that touch no backend and never wait: keys, L1, decoding and
+encoding entries, trust checks, counters and logs. ``operations`` strings them together."""
 
 from __future__ import annotations
 
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -37,8 +38,8 @@ from arrowstash.serializers.registry import AutoSerializer, resolve
 MISSING: Any = object()
 #: A first look that found the backend failing: the call computes without it (one timeout).
 UNREACHABLE: Any = object()
-_ABSENT = (MISSING, 0.0)
-_DOWN = (UNREACHABLE, 0.0)
+ABSENT = (MISSING, 0.0)
+DOWN = (UNREACHABLE, 0.0)
 
 
 @dataclass(frozen=True)
@@ -92,32 +93,30 @@ class Prepared(NamedTuple):
 
 
 class _Flights:
-    """Per-key locks so that concurrent callers in this process compute a key once."""
+    """Per-key locks so that the threads of this process compute a key once."""
 
     def __init__(self) -> None:
         self._locks: dict[bytes, list[Any]] = {}  # digest -> [lock, users]
         self._guard = threading.Lock()
 
-    @contextmanager
-    def hold(self, digest: bytes) -> Iterator[bool]:
-        """Hold the key's lock; yields whether another caller held it first."""
+    def enter(self, digest: bytes) -> bool:
+        """Hold the key's lock; return whether another caller held it first."""
         with self._guard:
             slot = self._locks.setdefault(digest, [threading.Lock(), 0])
             slot[1] += 1
         lock = slot[0]
-        try:
-            waited = not lock.acquire(blocking=False)
-            if waited:
-                lock.acquire()
-            try:
-                yield waited
-            finally:
-                lock.release()
-        finally:
-            with self._guard:
-                slot[1] -= 1
-                if not slot[1]:
-                    del self._locks[digest]
+        waited = not lock.acquire(blocking=False)
+        if waited:
+            lock.acquire()
+        return waited
+
+    def leave(self, digest: bytes) -> None:
+        with self._guard:
+            slot = self._locks[digest]
+            slot[0].release()
+            slot[1] -= 1
+            if not slot[1]:
+                del self._locks[digest]
 
 
 class Core:
@@ -160,6 +159,11 @@ class Core:
         self.stats = _Stats()
         self.observer: Observer | None = None  # see caching.observers
         self.flights = _Flights()
+        #: async callers in flight, per event loop: a future belongs to the loop that made it
+        #: (tasks of other loops, e.g. in other threads, meet at the backend's lock instead)
+        self.loop_flights: weakref.WeakKeyDictionary[Any, dict[bytes, Any]] = \
+            weakref.WeakKeyDictionary()
+        self.background: set[Any] = set()  # refresh tasks running, kept from the GC
         self.log = EventLog(self.name, namespace, self.backend)
         self._parsed: dict[Any, Entry] = {}  # validated headers of unchanged stored entries
         self._unsafe_names: set[str] = set()  # serializers met that unpickle
@@ -171,39 +175,24 @@ class Core:
         # tuple.__new__ skips the NamedTuple's Python-level __new__ (a third of a microsecond)
         return tuple.__new__(Key, (self.namespace, self.name, digest))
 
-    def l1_get(self, digest: bytes) -> Any:
+    def l1_entry(self, digest: bytes) -> tuple[Any, float]:
+        """The value L1 holds for ``digest`` (a private copy where it could change) and its
+        expiry, or ABSENT."""
         item = self.l1.get(digest) if self.l1 is not None else None
         if item is None:
-            return MISSING
-        return item.value if item.load is None else item.load()
-
-    def backend_get(self, key: Key, report: bool = True) -> Any:
-        """The stored value, or MISSING when absent, expired, unreadable or undecodable.
-
-        With ``report`` (a call's first look) failures are logged and counted, and a failing
-        backend gives UNREACHABLE, so that the call spends no more time on it."""
-        return self.backend_entry(key, report)[0]
-
-    def backend_entry(self, key: Key, report: bool = True) -> tuple[Any, float]:
-        """backend_get's value, and when its entry expires (0.0: never)."""
-        if self.backend is None:
-            return _ABSENT
-        try:
-            stored = self.backend.get(key)
-        except BackendError as exc:
-            return self.read_failed(key, exc, report)
-        return self.load_entry(key, stored, report)
+            return ABSENT
+        return (item.value if item.load is None else item.load()), item.expires
 
     def read_failed(self, key: Key, exc: BackendError, report: bool) -> tuple[Any, float]:
         if not report:
-            return _ABSENT
+            return ABSENT
         self._failed("backend_read", "backend read failed", key, exc)
-        return _DOWN
+        return DOWN
 
     def load_entry(self, key: Key, stored: Stored | None, report: bool) -> tuple[Any, float]:
         """The value of a stored entry and its expiry, or MISSING (absent, expired, corrupt)."""
         if stored is None:
-            return _ABSENT
+            return ABSENT
         try:
             fingerprint = stored.fingerprint
             known = self._parsed.get(fingerprint) if fingerprint else None
@@ -216,7 +205,7 @@ class Core:
                 self._parsed[fingerprint] = entry._replace(sections=[])
             expires = entry.header.expires
             if expires and expires <= time.time():
-                return _ABSENT
+                return ABSENT
             sealed = bool(entry.header.flags & FLAG_ENCRYPTED)
             if sealed or self.keyring is not None:
                 entry = self._decrypt(entry, sealed)
@@ -226,29 +215,14 @@ class Core:
             value = decoder.decode(entry.meta, entry.sections)
         except (CorruptEntryError, SerializationError) as exc:
             if not report:
-                return _ABSENT
+                return ABSENT
             self.error("corrupt_entry", "unreadable cache entry, recomputing", key, exc)
-            return _ABSENT
+            return ABSENT
         self.stats.bytes_read += stored.data.nbytes
         if self.l1 is not None and not stored.mapped:
             self._l1_put(key.digest, value, entry.serializer, entry.meta, entry.sections,
                          expires)
         return value, expires
-
-    def store(self, key: Key, value: Any, to_backend: bool = True) -> None:
-        started = time.perf_counter()
-        prepared = self.prepare(key, value, to_backend)
-        if prepared is None:
-            return
-        if self.backend is not None and to_backend:
-            try:
-                self.stats.bytes_stored += self.backend.set(
-                    key, prepared.encoded, created=prepared.created,
-                    expires=prepared.expires or None)
-            except (SerializationError, BackendError) as exc:
-                self.write_failed(key, value, exc)
-                return
-        self.stored(key, value, prepared, started)
 
     def prepare(self, key: Key, value: Any, to_backend: bool = True) -> Prepared | None:
         """Encode ``value`` for storing (signed or to be encrypted as configured); None (after
@@ -367,27 +341,6 @@ class Core:
         stats.errors += failure
         stats.error_kinds[kind] = stats.error_kinds.get(kind, 0) + 1
         self.log.event(kind, message, key=key, exc=exc, topic=topic)
-
-    @contextmanager
-    def locked(self, key: Key) -> Iterator[Held]:
-        """Hold the backend's stampede lock of ``key``, if it has one and ``lock`` is on.
-
-        Yields Held.FREE where there is no lock to wait for. A lock the backend cannot take is
-        a logged backend failure: the caller computes without it (Held.TIMEOUT)."""
-        if self.backend is None or not self.lock:
-            yield Held.FREE
-            return
-        entered = False
-        try:
-            with self.backend.lock(key, self.lock_timeout) as held:
-                entered = True
-                self.lock_taken(key, held)
-                yield held
-        except BackendError as exc:
-            if entered:
-                raise
-            self.lock_failed(key, exc)
-            yield Held.TIMEOUT
 
     def lock_failed(self, key: Key, exc: BackendError) -> None:
         """A lock the backend could not take: the caller computes without it."""

@@ -1,5 +1,5 @@
-"""The sync shell of a cached function: the inlined L1 fast path, then the pipeline's stages
-(in ``pipeline``) for everything else. The async and freshness shells build on it."""
+"""The shell of a cached function: the inlined L1 fast path, then the call operation (see
+``operations``) run by the sync driver, and the verbs that manage a function's entries."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from arrowstash.backends.base import Held
-from arrowstash.caching.pipeline import MISSING, UNREACHABLE, CacheInfo, Core
+from arrowstash.caching import operations as ops
+from arrowstash.caching import sync_driver
+from arrowstash.caching.pipeline import CacheInfo, Core
 from arrowstash.entry.format import Key
 
 _clock = time.perf_counter
@@ -23,7 +24,8 @@ class CachedFunction:
         self._core = core
         # bound once: the fast path reads them on every call
         self._stats = core.stats
-        self._fast = core.l1.fast if core.l1 is not None else None
+        # the fast path does not look at expiry closely enough for background refreshes
+        self._fast = core.l1.fast if core.l1 is not None and core.freshness is None else None
         self._recency: Callable[..., object] = (
             core.l1.items.move_to_end if core.l1 is not None else bytes
         )
@@ -75,57 +77,11 @@ class CachedFunction:
 
     def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         core = self._core
-        started = time.perf_counter()
+        started = _clock()
         digest = core.keys(args, kwargs)
-        value = self._resolve(digest, args, kwargs, started)
-        if not kwargs and self._fast is not None and core.l1 is not None:
-            core.l1.alias(args, digest)  # the next such call takes the fast path
-        return value
-
-    def _resolve(self, digest: bytes, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 started: float) -> Any:
-        core = self._core
-        value = core.l1_get(digest)
-        if value is not MISSING:
-            core.record_hit(started, True)
-            return value
-        key = core.key(digest)
-        value = core.backend_get(key)
-        if value is not MISSING and value is not UNREACHABLE:
-            core.record_hit(started, False)
-            return value
-        return self._miss(key, value, args, kwargs, started)
-
-    def _miss(self, key: Key, first: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-              started: float) -> Any:
-        """After a first look that found nothing (``first``: MISSING or UNREACHABLE)."""
-        core = self._core
-        if first is UNREACHABLE:
-            return self._compute(key, args, kwargs, started, to_backend=False)
-        with core.flights.hold(key.digest) as waited:
-            if waited:  # another thread may have stored it while we waited
-                value = self._lookup(key)
-                if value is not MISSING:
-                    core.record_hit(started, False)
-                    return value
-            with core.locked(key) as held:
-                if held is not Held.FREE:  # another process may have stored it meanwhile
-                    value = core.backend_get(key, report=False)
-                    if value is not MISSING:
-                        core.record_hit(started, False)
-                        return value
-                return self._compute(key, args, kwargs, started)
-
-    def _lookup(self, key: Key) -> Any:
-        """The second look of a miss; its failures were already reported by the first."""
-        value = self._core.l1_get(key.digest)
-        return value if value is not MISSING else self._core.backend_get(key, report=False)
-
-    def _compute(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 started: float, to_backend: bool = True) -> Any:
-        value = self._core.func(*args, **kwargs)
-        self._core.store(key, value, to_backend)
-        self._core.record_miss(started)
+        value = sync_driver.run(core, ops.call(core, digest, args, kwargs, started))
+        if not kwargs and self._fast is not None:
+            core.l1.alias(args, digest)  # type: ignore[union-attr]  # the next such call is fast
         return value
 
     def cache_key(self, *args: Any, **kwargs: Any) -> Key:
@@ -146,9 +102,7 @@ class CachedFunction:
     def refresh(self, *args: Any, **kwargs: Any) -> Any:
         """Recompute one call, store the result and return it."""
         key = self.cache_key(*args, **kwargs)
-        value = self._core.func(*args, **kwargs)
-        self._core.store(key, value)
-        return value
+        return sync_driver.run(self._core, ops.recompute(self._core, key, args, kwargs))
 
 
 class _Bound:
