@@ -4,6 +4,7 @@ included), no import from a lower layer up, and ``import arrowstash`` stays ligh
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -132,3 +133,36 @@ def test_no_module_past_the_limit(limit: int) -> None:
     long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > limit}
     assert not long, long
+
+
+@pytest.mark.xfail(strict=True, reason="four avro functions are split with the avro layout")
+def test_functions_are_short_and_take_few_parameters() -> None:
+    """No function over 60 lines or with more than 8 parameters, but the public cache()."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            args = node.args
+            params = [*args.posonlyargs, *args.args, *args.kwonlyargs]
+            count = len([a for a in params if a.arg not in ("self", "cls")])
+            lines = (node.end_lineno or node.lineno) - node.lineno + 1
+            if (lines > 60 or count > 8) and node.name != "cache":
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}")
+    assert not found, found
+
+
+@pytest.mark.xfail(strict=True, reason="the avro modules' reads move to config.py with the avro layout")
+def test_only_config_reads_the_environment() -> None:
+    readers = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                     if p.name != "config.py" and ("os.environ" in (text := p.read_text())
+                                                   or "getenv(" in text))
+    assert readers == []
+
+
+def test_every_variable_config_reads_is_in_the_docs_table() -> None:
+    source = (PACKAGE / "config.py").read_text()
+    read = set(re.findall(r'environ(?:\.get\(|\[)"([A-Z_]+)"', source))
+    table = (PACKAGE.parents[1] / "docs" / "configuration.md").read_text()
+    documented = set(re.findall(r"^\| `([A-Z_]+)`", table, flags=re.M))
+    assert read and read == documented
