@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from arrowstash import FileBackend
-from arrowstash.entry.format import Key
+from arrowstash.entry.format import EntryWriter, Key
 from arrowstash.serializers.arrow import ArrowSerializer
 
 kind, rows, directory, codec = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -78,7 +78,7 @@ serializer = ArrowSerializer(compression=None if codec == "none" else codec)
 # a first, small store through the same path starts the worker threads and the code it runs
 encoded = serializer.encode(df.head(20_000))
 encoded.encrypt_with = keyring
-backend.set(Key("rss", "warm", bytes(16)), encoded, created=0.0, expires=None)
+backend.set(EntryWriter(Key("rss", "warm", bytes(16)), encoded, 0.0, None))
 del encoded
 settle()
 size = int(df.memory_usage(deep=True).sum())
@@ -88,7 +88,7 @@ reset = status()
 started = time.perf_counter()
 encoded = serializer.encode(df)
 encoded.encrypt_with = keyring
-written = backend.set(Key("rss", "store", bytes(16)), encoded, created=0.0, expires=None)
+written = backend.set(EntryWriter(Key("rss", "store", bytes(16)), encoded, 0.0, None))
 seconds = time.perf_counter() - started
 print(json.dumps({
     "size": size, "before": before, "with_frame": reset["VmRSS"], "reset_hwm": reset["VmHWM"],

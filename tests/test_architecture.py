@@ -152,7 +152,7 @@ def test_functions_are_short_and_take_few_parameters() -> None:
     assert not found, found
 
 
-@pytest.mark.xfail(strict=True, reason="the avro modules' reads move to config.py with the avro layout")
+@pytest.mark.xfail(strict=True, reason="avro modules' reads move to config.py with its layout")
 def test_only_config_reads_the_environment() -> None:
     readers = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
                      if p.name != "config.py" and ("os.environ" in (text := p.read_text())

@@ -34,7 +34,14 @@ import pyarrow as pa
 import pytest
 
 from arrowstash import FileBackend, SerializationError, cache
-from arrowstash.entry.format import FLAG_COMPRESSED, Key, entry_bytes, parse_entry, read_header
+from arrowstash.entry.format import (
+    FLAG_COMPRESSED,
+    EntryWriter,
+    Key,
+    entry_bytes,
+    parse_entry,
+    read_header,
+)
 from arrowstash.errors import CorruptEntryError
 from arrowstash.serializers.arrow import ArrowSerializer
 
@@ -89,7 +96,7 @@ def round_trip(tmp_path: Path, value: Any, mode: str, serializer: ArrowSerialize
     else:
         backend = _backend(tmp_path, mmap=read == "mmap")
         serializer = serializer.for_backend(backend.capabilities.remote)
-        backend.set(KEY, serializer.encode(value), created=time.time(), expires=None)
+        backend.set(EntryWriter(KEY, serializer.encode(value), time.time(), None))
         stored = backend.get(KEY)
         assert stored is not None and stored.mapped == (read == "mmap")
         entry = parse_entry(stored.data, check_sections=not stored.mapped)
@@ -334,7 +341,7 @@ def test_mapped_pandas_hit_numeric_columns_view_the_map(tmp_path: Path) -> None:
     original = pandas_matrix()
     backend = _backend(tmp_path, mmap=True)
     serializer = ArrowSerializer().for_backend(backend.capabilities.remote)
-    backend.set(KEY, serializer.encode(original), created=0.0, expires=None)
+    backend.set(EntryWriter(KEY, serializer.encode(original), 0.0, None))
     stored = backend.get(KEY)
     assert stored is not None and stored.mapped
     entry = parse_entry(stored.data, check_sections=False)
@@ -923,7 +930,7 @@ def test_direct_arrow_decode_points_into_the_stored_section(tmp_path: Path,
                                                             flights: pd.DataFrame) -> None:
     backend = FileBackend(_fresh(tmp_path))
     serializer = ArrowSerializer(return_format="arrow").for_backend(backend.capabilities.remote)
-    backend.set(KEY, serializer.encode(flights), created=0.0, expires=None)
+    backend.set(EntryWriter(KEY, serializer.encode(flights), 0.0, None))
     stored = backend.get(KEY)
     assert stored is not None and stored.mapped
     entry = parse_entry(stored.data, check_sections=False)

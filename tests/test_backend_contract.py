@@ -18,7 +18,7 @@ import pytest
 from arrowstash import Backend, FileBackend, Key, MemoryBackend, StandardSerializer
 from arrowstash.backends import EntryInfo, Stored, from_url
 from arrowstash.backends.base import Held
-from arrowstash.entry.format import Encoded, parse_entry
+from arrowstash.entry.format import Encoded, EntryWriter, parse_entry
 
 SER = StandardSerializer()
 
@@ -28,7 +28,7 @@ def _key(n: int = 0, namespace: str = "ns", function: str = "mod.fn") -> Key:
 
 
 def _put(backend: Backend, key: Key, value: object, expires: float | None = None) -> int:
-    return backend.set(key, SER.encode(value), created=time.time(), expires=expires)
+    return backend.set(EntryWriter(key, SER.encode(value), time.time(), expires))
 
 
 def can_list(backend: Backend) -> bool:
@@ -83,7 +83,7 @@ def test_streamed_sections_are_stored(backend: Backend) -> None:
         out.write(b"abc")  # type: ignore[attr-defined]
         out.write(b"def")  # type: ignore[attr-defined]
 
-    backend.set(key, Encoded("raw", {"m": 1}, [streamed, b"xyz"]), created=1.0, expires=None)
+    backend.set(EntryWriter(key, Encoded("raw", {"m": 1}, [streamed, b"xyz"]), 1.0, None))
     stored = backend.get(key)
     assert stored is not None
     entry = parse_entry(stored.data)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from arrowstash import BackendError, FileBackend, Key, StandardSerializer
-from arrowstash.entry.format import Encoded, parse_entry
+from arrowstash.entry.format import Encoded, EntryWriter, parse_entry
 
 SER = StandardSerializer()
 
@@ -22,7 +22,7 @@ def _key(n: int, namespace: str = "ns", function: str = "mod.fn") -> Key:
 
 
 def _put(backend: FileBackend, key: Key, value: Any, expires: float | None = None) -> int:
-    return backend.set(key, SER.encode(value), created=time.time(), expires=expires)
+    return backend.set(EntryWriter(key, SER.encode(value), time.time(), expires))
 
 
 def _all_files(folder: Path) -> list[Path]:
@@ -99,7 +99,7 @@ def test_entry_appears_only_when_complete(file_backend: FileBackend) -> None:
         out.write(b"new data")
         seen.append(_decoded(file_backend, key))  # readers still see the old entry
 
-    file_backend.set(key, Encoded("raw", None, [streamed]), created=0.0, expires=None)
+    file_backend.set(EntryWriter(key, Encoded("raw", None, [streamed]), 0.0, None))
     assert seen == ["old"]
     stored = file_backend.get(key)
     assert stored is not None
@@ -117,7 +117,7 @@ def test_failed_write_keeps_the_old_entry_and_leaves_no_temp_file(
         raise RuntimeError("serializer failed halfway")
 
     with pytest.raises(RuntimeError, match="halfway"):
-        file_backend.set(key, Encoded("raw", None, [failing]), created=0.0, expires=None)
+        file_backend.set(EntryWriter(key, Encoded("raw", None, [failing]), 0.0, None))
     assert _decoded(file_backend, key) == "old"
     assert len(_all_files(file_backend.directory)) == 1
 

@@ -27,7 +27,7 @@ import pytest
 
 import arrowstash
 from arrowstash import FileBackend, StandardSerializer
-from arrowstash.entry.format import Key, parse_entry
+from arrowstash.entry.format import EntryWriter, Key, parse_entry
 from arrowstash.errors import CorruptEntryError
 
 MMAP_THRESHOLD = 4096
@@ -87,8 +87,8 @@ def _hammer_writer(directory: str, writer: int, barrier: Any, queue: Any) -> Non
                 backend.delete(key)
                 counts["deletes"] += 1
                 continue
-            size = backend.set(key, serializer.encode(_payload(writer, i, key_index)),
-                               created=time.time(), expires=None)
+            size = backend.set(EntryWriter(key, serializer.encode(_payload(writer, i, key_index)),
+                               time.time(), None))
             counts["sets"] += 1
             counts["mapped_sized"] += size >= MMAP_THRESHOLD
     except BaseException as exc:  # reported, not swallowed: the parent asserts on failures
@@ -464,11 +464,11 @@ def test_held_mapped_read_survives_overwrite_and_delete(tmp_path: Path) -> None:
     key = Key("ns", "fn", bytes(range(16)))
     old = {"n": 1, "data": [1_000_001] * 5000, "text": "old" * 100}
     new = {"n": 2, "data": [2_000_002] * 6000, "text": "new" * 100}
-    assert backend.set(key, serializer.encode(old), created=time.time(), expires=None) > 4096
+    assert backend.set(EntryWriter(key, serializer.encode(old), time.time(), None)) > 4096
     held = backend.get(key)
     assert held is not None and held.mapped
 
-    backend.set(key, serializer.encode(new), created=time.time(), expires=None)
+    backend.set(EntryWriter(key, serializer.encode(new), time.time(), None))
     current = backend.get(key)
     assert current is not None
     entry = parse_entry(current.data)
@@ -481,10 +481,10 @@ def test_held_mapped_read_survives_overwrite_and_delete(tmp_path: Path) -> None:
         [sys.executable, "-c", textwrap.dedent(f"""
             import time
             from arrowstash import FileBackend, StandardSerializer
-            from arrowstash.entry.format import Key
+            from arrowstash.entry.format import EntryWriter, Key
             b = FileBackend({str(tmp_path / "cache")!r}, max_bytes=1)
-            b.set(Key("ns", "fn", bytes(range(16))), StandardSerializer().encode([3] * 9000),
-                  created=time.time(), expires=None)
+            value = StandardSerializer().encode([3] * 9000)
+            b.set(EntryWriter(Key("ns", "fn", bytes(range(16))), value, time.time(), None))
             b.evict()
         """)],
         capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT, check=False,

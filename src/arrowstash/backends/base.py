@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from arrowstash.entry.format import ALIGN, Encoded, Key, read_header, read_trailer
+from arrowstash.entry.format import EntryWriter, Key
+from arrowstash.entry.listing import EntryInfo
 
 
 class Stored(NamedTuple):
@@ -25,20 +26,6 @@ class Stored(NamedTuple):
     #: trailer, and its creation time) so that a reader may reuse
     #: its parse of an unchanged entry; None where the store has no such identity.
     fingerprint: Any = None
-
-
-@dataclass(frozen=True, slots=True)
-class EntryInfo:
-    """What ``arrowstash ls`` shows of one entry."""
-
-    namespace: str
-    function: str
-    key: str
-    serializer: str
-    size: int
-    created: float
-    expires: float  # 0.0 means never
-    location: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,9 +95,9 @@ async def atake_lock(attempt: Callable[[], Awaitable[bool]], timeout: float) -> 
 class Backend(Protocol):
     """A cache store. Implementations raise :class:`~arrowstash.BackendError` on store failures.
 
-    ``set`` receives the encoded value rather than bytes, so that a backend able to stream (the
-    File backend) writes sections straight to their destination; others collect the entry with
-    :func:`~arrowstash.entry.format.entry_bytes`.
+    ``set`` receives an :class:`~arrowstash.entry.format.EntryWriter` rather than bytes: a
+    backend able to stream (the File backend) writes the sections straight to their destination,
+    others collect the entry in one buffer. Only the entry package builds or parses entry bytes.
     """
 
     capabilities: Capabilities
@@ -119,8 +106,8 @@ class Backend(Protocol):
 
     def get(self, key: Key) -> Stored | None: ...
 
-    def set(self, key: Key, encoded: Encoded, *, created: float, expires: float | None) -> int:
-        """Store the entry; return its size in bytes."""
+    def set(self, entry: EntryWriter) -> int:
+        """Store the entry (under ``entry.key``); return its size in bytes."""
 
     def delete(self, key: Key) -> bool: ...
 
@@ -142,30 +129,6 @@ class AsyncBackend(Backend, Protocol):
 
     async def aget(self, key: Key) -> Stored | None: ...
 
-    async def aset(self, key: Key, encoded: Encoded, *, created: float,
-                   expires: float | None) -> int: ...
+    async def aset(self, entry: EntryWriter) -> int: ...
 
     def alock(self, key: Key, timeout: float) -> AbstractAsyncContextManager[Held]: ...
-
-
-def describe(header_bytes: Any, trailer_bytes: Any, size: int, location: str) -> EntryInfo:
-    """Summarise a stored entry from its header and trailer alone (listings never read data);
-    raises CorruptEntryError if they are not valid."""
-    header = read_header(header_bytes, size)
-    trailer = read_trailer(header_bytes, header, trailer_bytes)
-    return EntryInfo(
-        trailer.key.namespace,
-        trailer.key.function,
-        trailer.key.hex,
-        trailer.serializer,
-        header.total,
-        header.created,
-        header.expires,
-        location,
-    )
-
-
-def describe_buffer(data: Any, location: str) -> EntryInfo:
-    view = memoryview(data)
-    header = read_header(view)
-    return describe(view[:ALIGN], view[header.trailer_at :], view.nbytes, location)

@@ -21,8 +21,9 @@ from typing import Any
 import xxhash
 
 from arrowstash.backends._mmap import map_private
-from arrowstash.backends.base import Capabilities, EntryInfo, Held, Stored, describe, take_lock
-from arrowstash.entry.format import ALIGN, Encoded, Key, read_header, write_entry
+from arrowstash.backends.base import Capabilities, Held, Stored, take_lock
+from arrowstash.entry.format import ALIGN, EntryWriter, Key
+from arrowstash.entry.listing import EntryInfo, describe_file
 from arrowstash.errors import BackendError, CorruptEntryError
 
 SUFFIX = ".ast"
@@ -150,7 +151,8 @@ class FileBackend:
             os.preadv(fd, [memoryview(data)[done:]], done)
         return Stored(memoryview(data), False, bytes(data[:ALIGN]))
 
-    def set(self, key: Key, encoded: Encoded, *, created: float, expires: float | None) -> int:
+    def set(self, entry: EntryWriter) -> int:
+        key = entry.key
         path = self.path(key)
         folder = os.path.dirname(path)
         temp = f"{folder}/.{key.hex}.{os.getpid()}.{secrets.token_hex(4)}{_TEMP_SUFFIX}"
@@ -160,9 +162,9 @@ class FileBackend:
             raise BackendError(f"cannot create {temp}: {exc}") from exc
         try:
             try:
-                planned = _reserve(fd, encoded)
+                planned = _reserve(fd, entry)
                 sink = _FileSink(fd, self.mmap_threshold)
-                size = write_entry(sink, key, encoded, created=created, expires=expires)
+                size = entry.write(sink)
                 if planned:
                     os.ftruncate(fd, size)  # in case the reservation outgrew the entry
                 if self.durable:
@@ -235,7 +237,7 @@ class FileBackend:
             if not path.endswith(SUFFIX):
                 continue
             try:
-                yield _describe_file(path)
+                yield describe_file(path)
             except (OSError, CorruptEntryError):
                 continue
 
@@ -339,12 +341,11 @@ class FileBackend:
                 os.close(fd)
 
 
-def _reserve(fd: int, encoded: Encoded) -> int:
+def _reserve(fd: int, entry: EntryWriter) -> int:
     """Allocate the disk blocks of a large entry before writing it (as np.save does): the
     filesystem then allocates extents once instead of page by page, which makes writing a large
     array markedly faster. Returns the bytes reserved (0: none)."""
-    planned = ALIGN + sum(-(-memoryview(s).nbytes // ALIGN) * ALIGN
-                          for s in encoded.sections if not callable(s))
+    planned = entry.planned_size()
     if planned < _RESERVE_FROM or not hasattr(os, "posix_fallocate"):
         return 0
     try:
@@ -352,17 +353,6 @@ def _reserve(fd: int, encoded: Encoded) -> int:
     except OSError:  # not supported by this filesystem: write without it
         return 0
     return planned
-
-
-def _describe_file(path: str) -> EntryInfo:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        size = os.fstat(fd).st_size
-        header = os.pread(fd, ALIGN, 0)
-        trailer_at = read_header(header, size).trailer_at
-        return describe(header, os.pread(fd, size - trailer_at, trailer_at), size, path)
-    finally:
-        os.close(fd)
 
 
 def _fsync_folder(folder: str) -> None:

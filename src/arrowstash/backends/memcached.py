@@ -19,8 +19,9 @@ import xxhash
 
 from arrowstash.backends._breaker import Breaker
 from arrowstash.backends._chunks import chunk_names, join, pack_manifest, read_manifest
-from arrowstash.backends.base import Capabilities, EntryInfo, Held, Stored, take_lock
-from arrowstash.entry.format import Encoded, Key, entry_bytes
+from arrowstash.backends.base import Capabilities, Held, Stored, take_lock
+from arrowstash.entry.format import EntryWriter, Key
+from arrowstash.entry.listing import EntryInfo
 from arrowstash.errors import BackendError
 
 _THIRTY_DAYS = 30 * 24 * 3600  # beyond this memcached reads an expiry as a Unix time
@@ -132,9 +133,10 @@ class MemcachedBackend:
         data = join([found[n] for n in names], manifest["size"])
         return Stored(memoryview(data)) if data is not None else None
 
-    def set(self, key: Key, encoded: Encoded, *, created: float, expires: float | None) -> int:
-        data = memoryview(entry_bytes(key, encoded, created=created, expires=expires))
-        expire = _expire(expires)
+    def set(self, entry: EntryWriter) -> int:
+        key = entry.key
+        data = memoryview(entry.to_bytes())
+        expire = _expire(entry.expires)
         with self._call("set"):
             name = self._name(key)
             old = self._client.get(name)

@@ -8,8 +8,9 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from arrowstash.backends.base import Capabilities, EntryInfo, Held, Stored, describe_buffer
-from arrowstash.entry.format import Encoded, Key, entry_bytes
+from arrowstash.backends.base import Capabilities, Held, Stored
+from arrowstash.entry.format import EntryWriter, Key
+from arrowstash.entry.listing import EntryInfo, describe_buffer
 
 
 class MemoryBackend:
@@ -38,10 +39,10 @@ class MemoryBackend:
             return None
         return Stored(memoryview(data))
 
-    def set(self, key: Key, encoded: Encoded, *, created: float, expires: float | None) -> int:
-        data = bytes(entry_bytes(key, encoded, created=created, expires=expires))
+    def set(self, entry: EntryWriter) -> int:
+        data = bytes(entry.to_bytes())
         with self._lock:
-            self._data[key] = (data, expires or 0.0)
+            self._data[entry.key] = (data, entry.expires or 0.0)
         return len(data)
 
     def delete(self, key: Key) -> bool:

@@ -21,16 +21,9 @@ from urllib.parse import urlsplit
 
 from arrowstash.backends._breaker import Breaker
 from arrowstash.backends._chunks import MANIFEST, chunk_names, join, pack_manifest, read_manifest
-from arrowstash.backends.base import (
-    Capabilities,
-    EntryInfo,
-    Held,
-    Stored,
-    atake_lock,
-    describe,
-    take_lock,
-)
-from arrowstash.entry.format import ALIGN, Encoded, Key, entry_bytes, read_header
+from arrowstash.backends.base import Capabilities, Held, Stored, atake_lock, take_lock
+from arrowstash.entry.format import ALIGN, EntryWriter, Key, manifest_ends
+from arrowstash.entry.listing import EntryInfo, describe, trailer_offset
 from arrowstash.errors import BackendError, CorruptEntryError
 
 
@@ -243,26 +236,24 @@ class RedisBackend:
     def _chunk_names(self, key: Key, manifest: dict[str, Any]) -> list[str]:
         return chunk_names(self._name(key), manifest)
 
-    def set(self, key: Key, encoded: Encoded, *, created: float, expires: float | None) -> int:
-        data = memoryview(entry_bytes(key, encoded, created=created, expires=expires))
-        px = _px(expires)
+    def set(self, entry: EntryWriter) -> int:
+        data = memoryview(entry.to_bytes())
+        px = _px(entry.expires)
         if px is None:
             return 0  # expired before it could be stored
-        self._run("set", self._set_steps(key, data, px))
+        self._run("set", self._set_steps(entry.key, data, px))
         return data.nbytes
 
-    async def aset(self, key: Key, encoded: Encoded, *, created: float,
-                   expires: float | None) -> int:
+    async def aset(self, entry: EntryWriter) -> int:
         """``set`` on redis.asyncio; a large entry is assembled in a worker thread."""
-        if encoded.in_memory and encoded.buffered_size() < _ASSEMBLE_ASIDE:
-            data = memoryview(entry_bytes(key, encoded, created=created, expires=expires))
+        if entry.in_memory and entry.planned_size() < _ASSEMBLE_ASIDE:
+            data = memoryview(entry.to_bytes())
         else:
-            data = memoryview(await asyncio.to_thread(
-                entry_bytes, key, encoded, created=created, expires=expires))
-        px = _px(expires)
+            data = memoryview(await asyncio.to_thread(entry.to_bytes))
+        px = _px(entry.expires)
         if px is None:
             return 0
-        await self._arun("set", self._set_steps(key, data, px))
+        await self._arun("set", self._set_steps(entry.key, data, px))
         return data.nbytes
 
     def _set_steps(self, key: Key, data: memoryview, px: str) -> Steps[None]:
@@ -284,9 +275,7 @@ class RedisBackend:
         manifest = {"v": version, "n": count, "size": data.nbytes}
         chunks = [(name, data[i * self.chunk_bytes : (i + 1) * self.chunk_bytes].tobytes())
                   for i, name in enumerate(self._chunk_names(key, manifest))]
-        header = read_header(data)
-        manifest["head"] = data[:ALIGN].tobytes()
-        manifest["tail"] = data[header.trailer_at :].tobytes()
+        manifest["head"], manifest["tail"] = manifest_ends(data)
         return pack_manifest(manifest), chunks
 
     def _drop_chunks(self, key: Key, old: bytes | None) -> Steps[None]:
@@ -355,7 +344,7 @@ class RedisBackend:
                         head, tail, size = manifest["head"], manifest["tail"], manifest["size"]
                     else:
                         size = self._client.strlen(name)
-                        tail = self._client.getrange(name, read_header(head, size).trailer_at, -1)
+                        tail = self._client.getrange(name, trailer_offset(head, size), -1)
                 yield describe(head, tail, size, f"redis:{name}")
             except (BackendError, CorruptEntryError, KeyError, TypeError):
                 continue

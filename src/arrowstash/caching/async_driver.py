@@ -56,10 +56,10 @@ async def _run_step(core: Core, step: Any, state: _State) -> Any:
         return await core.func(*step.args, **step.kwargs)
     if kind is ops.Put:
         assert backend is not None
-        prepared = step.prepared
-        write = cast(AsyncBackend, backend).aset if native else _in_thread(backend.set)
-        return await write(step.key, prepared.encoded, created=prepared.created,
-                           expires=prepared.expires or None)
+        entry = step.prepared.writer(step.key)
+        if native:
+            return await cast(AsyncBackend, backend).aset(entry)
+        return await asyncio.to_thread(backend.set, entry)
     if kind is ops.Join:
         return await _join(core, step.digest, state)
     if kind is ops.Leave:
@@ -77,13 +77,6 @@ async def _run_step(core: Core, step: Any, state: _State) -> Any:
         task.add_done_callback(core.background.discard)
         return None
     raise TypeError(f"unknown step {step!r}")
-
-
-def _in_thread(func: Any) -> Any:
-    async def call(*args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(func, *args, **kwargs)
-
-    return call
 
 
 async def _join(core: Core, digest: bytes, state: _State) -> bool:

@@ -25,6 +25,7 @@ from arrowstash.entry.format import (
     FLAG_ENCRYPTED,
     Encoded,
     Entry,
+    EntryWriter,
     Key,
     materialize,
     open_encrypted,
@@ -90,6 +91,10 @@ class Prepared(NamedTuple):
     encoded: Encoded
     created: float
     expires: float
+
+    def writer(self, key: Key) -> EntryWriter:
+        """What the backend's ``set`` receives."""
+        return EntryWriter(key, self.encoded, self.created, self.expires or None)
 
 
 class _Flights:

@@ -43,9 +43,7 @@ def _run_step(core: Core, step: Any, locks: dict[Key, AbstractContextManager[Hel
         return core.func(*step.args, **step.kwargs)
     if kind is ops.Put:
         assert core.backend is not None
-        prepared = step.prepared
-        return core.backend.set(step.key, prepared.encoded, created=prepared.created,
-                                expires=prepared.expires or None)
+        return core.backend.set(step.prepared.writer(step.key))
     if kind is ops.Join:
         return core.flights.enter(step.digest)
     if kind is ops.Leave:

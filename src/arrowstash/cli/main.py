@@ -9,10 +9,11 @@ from collections import Counter
 from collections.abc import Sequence
 
 from arrowstash import backends
-from arrowstash.backends.base import Backend, EntryInfo
+from arrowstash.backends.base import Backend
 from arrowstash.cli import avro as avro_cli
 from arrowstash.cli._output import human_age, human_size, progress
 from arrowstash.entry.format import Key
+from arrowstash.entry.listing import EntryInfo
 from arrowstash.errors import ArrowstashError
 
 

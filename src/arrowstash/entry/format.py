@@ -360,6 +360,46 @@ def signature_valid(entry: Entry, secret: bytes) -> bool:
     return hmac.compare_digest(mac.digest(), tag)
 
 
+@dataclass(frozen=True, slots=True)
+class EntryWriter:
+    """An entry ready to be stored: what a backend's ``set`` receives. The backend chooses how
+    the bytes travel (streamed into a sink, or collected in one buffer) and never assembles or
+    parses an entry itself."""
+
+    key: Key
+    encoded: Encoded
+    created: float
+    expires: float | None  # None: never
+
+    def write(self, sink: Sink) -> int:
+        """Stream the entry into ``sink`` section by section; return its size in bytes."""
+        return write_entry(sink, self.key, self.encoded, created=self.created,
+                           expires=self.expires)
+
+    def to_bytes(self) -> bytearray:
+        """The whole entry in one buffer, for stores that take whole values."""
+        return entry_bytes(self.key, self.encoded, created=self.created, expires=self.expires)
+
+    @property
+    def in_memory(self) -> bool:
+        """No section is streamed: writing needs no serializer work, only copies."""
+        return self.encoded.in_memory
+
+    def planned_size(self) -> int:
+        """The size of the entry's header and in-memory sections, aligned: a lower bound of its
+        size, known before writing (to reserve disk space, say)."""
+        return ALIGN + sum(-(-memoryview(s).nbytes // ALIGN) * ALIGN
+                           for s in self.encoded.sections if not callable(s))
+
+
+def manifest_ends(data: Any) -> tuple[bytes, bytes]:
+    """The header and the trailer of the entry in ``data``: what a listing needs, kept apart by
+    stores that split a large entry into chunks."""
+    view = memoryview(data)
+    header = read_header(view)
+    return view[:ALIGN].tobytes(), view[header.trailer_at :].tobytes()
+
+
 def materialize(encoded: Encoded) -> Encoded:
     """``encoded`` with its streamed sections run into memory."""
     if encoded.in_memory:
