@@ -127,6 +127,14 @@ def test_import_arrowstash_stays_light() -> None:
     assert out.stdout.split() == []
 
 
+def test_documented_submodules_are_attributes_of_a_plain_import() -> None:
+    """The docs write ``arrowstash.metrics.enable()`` after ``import arrowstash``."""
+    code = ("import sys, arrowstash; loaded = 'arrowstash.metrics' in sys.modules; "
+            "print(loaded, callable(arrowstash.metrics.enable), arrowstash.config.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True", "arrowstash.config"]
+
+
 @pytest.mark.xfail(strict=True, reason="avro/_encode_plan.py is split with the avro layout")
 @pytest.mark.parametrize("limit", [600])
 def test_no_module_past_the_limit(limit: int) -> None:

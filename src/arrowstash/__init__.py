@@ -39,13 +39,21 @@ _LAZY = {
 }
 
 
+#: Submodules reachable as attributes after a plain ``import arrowstash``, as the docs write
+#: them (``arrowstash.metrics.enable()``), without loading them before they are used.
+_SUBMODULES = frozenset({"metrics", "config"})
+
+
 def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
     return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "DEFAULT",
