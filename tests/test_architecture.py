@@ -174,3 +174,17 @@ def test_every_variable_config_reads_is_in_the_docs_table() -> None:
     table = (PACKAGE.parents[1] / "docs" / "configuration.md").read_text()
     documented = set(re.findall(r"^\| `([A-Z_]+)`", table, flags=re.M))
     assert read and read == documented
+
+
+def test_tests_mirror_the_package_tree() -> None:
+    """A test lives in the folder of the package it tests (or contract/ for the suites every
+    backend and serializer passes), so the tree of tests reads like the tree of the code."""
+    tests = Path(__file__).parent
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    allowed = packages | {"contract", "stress"}
+    # the root keeps the tests of the package as a whole
+    root_files = {"test_architecture.py", "test_docs.py", "test_public_api.py"}
+    misplaced = [str(p.relative_to(tests)) for p in tests.rglob("test_*.py")
+                 if (p.parent == tests and p.name not in root_files)
+                 or (p.parent != tests and p.relative_to(tests).parts[0] not in allowed)]
+    assert not misplaced, misplaced

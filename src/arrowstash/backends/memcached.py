@@ -47,7 +47,7 @@ class MemcachedBackend:
     #: Memcached cannot enumerate keys: no listing, and clear() hides entries behind a new
     #: generation without counting them.
     capabilities = Capabilities(shared=True, remote=True, streams_writes=False, maps_reads=False,
-                                lists_entries=False, native_ttl=True)
+                                lists_entries=False, native_ttl=True, breaker=True)
 
     def __init__(
         self,

@@ -111,7 +111,8 @@ class RedisBackend:
     """
 
     capabilities = Capabilities(shared=True, remote=True, streams_writes=False, maps_reads=False,
-                                lists_entries=True, native_ttl=True, async_io=True)
+                                lists_entries=True, native_ttl=True, async_io=True,
+                                breaker=True)
 
     def __init__(
         self,

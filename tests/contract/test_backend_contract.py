@@ -55,6 +55,14 @@ def test_satisfies_the_protocol(backend: Backend) -> None:
     assert isinstance(backend.encrypt, bool)
 
 
+def test_a_declared_breaker_reports_its_state(backend: Backend) -> None:
+    """Metrics read ``breaker.state`` of a backend declaring one, without probing for it."""
+    if not backend.capabilities.breaker:
+        assert "breaker" not in vars(backend)
+        return
+    assert backend.breaker.state == "closed"  # type: ignore[attr-defined]
+
+
 def test_get_of_a_missing_key_is_none(backend: Backend) -> None:
     assert backend.get(_key()) is None
 

@@ -19,7 +19,7 @@ from arrowstash.backends.base import Stored
 from arrowstash.caching.pipeline import MISSING
 from arrowstash.entry import Key
 
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "fixtures"))
 from make_entries_v1 import HERE, KEY, SECRET, expected_values
 
 MANIFEST = json.loads((HERE / "manifest.json").read_text())
