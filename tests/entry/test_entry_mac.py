@@ -6,6 +6,7 @@ damaged entry's metadata is never an exception to the caller, with or without a 
 from __future__ import annotations
 
 import struct
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ from arrowstash.entry.format import (
 )
 from arrowstash.errors import CorruptEntryError
 from arrowstash.serializers.registry import REGISTRY
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "contract"))
 from test_serializer_contract import CASES
 
 SECRET = b"mac-test-secret"
