@@ -236,6 +236,35 @@ def workload_targets(title: str, results: dict[str, Result]) -> list[Verdict]:
     return out
 
 
+def summary_row(title: str, results: dict[str, Result], instr: dict[str, float] | str) -> str:
+    """One line of the summary: pyruhvro's figure over ours (wall / CPU / instructions)."""
+    def cell(verb: str, t: str) -> str:
+        ours, theirs = speed(results, f"{verb}: {US}, {t}"), speed(results, f"{verb}: {PR}, {t}")
+        if ours is None or theirs is None:
+            return "—"
+        a, b = f"{verb}: {US}, {t}", f"{verb}: {PR}, {t}"
+        ins = (f" / {instr[b] / instr[a]:.2f}"
+               if isinstance(instr, dict) and a in instr and b in instr else "")
+        return f"{theirs.wall / ours.wall:.2f} / {theirs.cpu / ours.cpu:.2f}{ins}"
+
+    one, two = speed(results, f"decode: {US}, 1 thread"), speed(results, f"decode: {US}, 2 threads")
+    arr = speed(results, f"decode: {US}, BinaryArray, 1 thread")
+    scaling = f"{one.wall / two.wall:.2f}x" if one and two else "—"
+    cost = f"{one.wall / arr.wall:.2f}x / {one.cpu / arr.cpu:.2f}x" if one and arr else "—"
+    cells = [cell(v, t) for v in ("decode", "encode") for t in ("1 thread", "2 threads")]
+    return f"| {title} | {' | '.join(cells)} | {scaling} | {cost} |"
+
+
+def print_summary(rows: list[str]) -> None:
+    print(f"\n### Summary: {PR}'s figure ÷ arrowstash's (wall / CPU / instructions), "
+          "list of bytes\n")
+    print("| workload | decode 1 thread | decode 2 threads | encode 1 thread | encode 2 threads "
+          "| decode 2 threads ÷ 1 | list ÷ BinaryArray, 1 thread (wall / CPU) |")
+    print("|---|" + "---:|" * 6)
+    for row in rows:
+        print(row)
+
+
 def print_verdicts(verdicts: list[Verdict]) -> int:
     print("\n### Targets (issue 22; issue 5's last two)\n")
     print("| target | measured | |")
@@ -373,13 +402,16 @@ def main() -> None:
         instr = (counts_of(data, few, Path(folder)) if count
                  else dict.fromkeys(data, "not run (--quick or --no-callgrind)"))
         verdicts: list[Verdict] = []
+        rows = []
         for w, msgs in data.items():
             v, results = run_workload(w, msgs, firsts[w], rounds, instr[w])
             verdicts += v
+            rows.append(summary_row(label(*w), results, instr[w]))
             if w == ("events", False):
                 verdicts.append(events_rate(results, n))
         if args.only is None:
             verdicts += [bench_ocf(n, few, rounds, Path(folder), c) for c in ("null", "deflate")]
+    print_summary(rows)
     print_verdicts(verdicts)
     print(f"\nload average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
           f"{time.perf_counter() - start:.0f} s. Missed targets are reported, never an exit "
