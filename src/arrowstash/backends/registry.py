@@ -6,6 +6,7 @@ import importlib
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from arrowstash import config
+from arrowstash.backends._urls import redact
 from arrowstash.backends.base import Backend
 
 #: URL scheme -> (module, class, extra to install): imported when a URL first uses the scheme,
@@ -38,7 +39,7 @@ def from_url(url: str) -> Backend:
     if scheme in ("", "file"):
         path = unquote(parts.path) if scheme else url
         if not path:
-            raise ValueError(f"backend URL {url!r} names no folder (write file:///path/to/cache)")
+            raise ValueError(f"backend URL {redact(url)!r} names no folder (write file:///path/to/cache)")
         from arrowstash.backends.file import FileBackend
 
         return FileBackend(path, encrypt=encrypt)
@@ -53,8 +54,8 @@ def from_url(url: str) -> Backend:
         backend: Backend = backend_class(scheme)(url, encrypt=encrypt)
         return backend
     raise ValueError(
-        f"backend URL {url!r}: unsupported scheme {scheme!r} (supported: file://, memory://, "
-        f"{', '.join(s + '://' for s in SCHEMES)})"
+        f"backend URL {redact(url)!r}: unsupported scheme {scheme!r} (supported: file://, "
+        f"memory://, {', '.join(s + '://' for s in SCHEMES)})"
     )
 
 

@@ -66,6 +66,21 @@ class Options:
     #: Fraction of ``ttl`` after which a hit starts a background refresh (e.g. 0.8).
     refresh_ahead: float | None = None
 
+    def __repr__(self) -> str:
+        """Every option, with ``secret``, ``encryption_key`` and a backend URL's password
+        hidden (docs/network-security.md)."""
+        from arrowstash.backends._urls import redact
+
+        shown = []
+        for name in NAMES:
+            value = getattr(self, name)
+            if name in ("secret", "encryption_key") and value is not None:
+                value = "***"
+            elif name == "backend" and isinstance(value, str):
+                value = redact(value)
+            shown.append(f"{name}={value!r}")
+        return f"Options({', '.join(shown)})"
+
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise in place, once
         set_(self, "ttl", _seconds("ttl", self.ttl))
