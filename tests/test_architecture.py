@@ -134,7 +134,6 @@ def test_documented_submodules_are_attributes_of_a_plain_import() -> None:
     assert out.stdout.split() == ["False", "True", "arrowstash.config"]
 
 
-@pytest.mark.xfail(strict=True, reason="avro/encode_plan.py is split next")
 @pytest.mark.parametrize("limit", [600])
 def test_no_module_past_the_limit(limit: int) -> None:
     long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
