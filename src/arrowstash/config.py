@@ -68,6 +68,17 @@ def avro_libdeflate() -> bool:
     return os.environ.get("ARROWSTASH_AVRO_LIBDEFLATE", "1") != "0"
 
 
+def avro_max_empty_items() -> int:
+    """How many array or map items that take no bytes (nulls, empty records) one decode may
+    produce beyond its input's size in bytes: the bound on the work of a tiny hostile message."""
+    raw = os.environ.get("ARROWSTASH_AVRO_MAX_EMPTY_ITEMS", "").strip()
+    if not raw:
+        return 1 << 20
+    if not raw.isdigit():
+        raise ValueError(f"ARROWSTASH_AVRO_MAX_EMPTY_ITEMS={raw!r}: expected a count >= 0")
+    return int(raw)
+
+
 def usable_cpus() -> int:
     """The CPUs this process may run on (its affinity mask, where the system has one)."""
     if hasattr(os, "sched_getaffinity"):

@@ -45,8 +45,12 @@ _NO_IDS = pa.array([], pa.int32())
 
 
 def native_available() -> bool:
-    """Whether the C decoder is built and not disabled by ``ARROWSTASH_AVRO_NATIVE=0``."""
-    return _cdecode is not None and config.avro_native()
+    """Whether the C decoder is built and not disabled by ``ARROWSTASH_AVRO_NATIVE=0``; where
+    it is, it takes the current limit of items that take no bytes."""
+    if _cdecode is None or not config.avro_native():
+        return False
+    _cdecode.set_free_items(config.avro_max_empty_items())
+    return True
 
 
 def native_inflate_available() -> bool:

@@ -505,7 +505,20 @@ done:
     return result;
 }
 
+static PyObject *set_free_items(PyObject *self, PyObject *args) {
+    long long n;
+    if (!PyArg_ParseTuple(args, "L", &n)) return NULL;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "the limit of items that take no bytes must be >= 0");
+        return NULL;
+    }
+    cd_free_items = (int64_t)n;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"set_free_items", set_free_items, METH_VARARGS,
+     "set_free_items(n): items that take no bytes a batch may hold beyond its size in bytes"},
     {"decode_list", decode_list, METH_VARARGS,
      "decode_list(plan, messages, counts, nthreads, validate_utf8, confluent, min_bytes)"},
     {"decode_concat", decode_concat, METH_VARARGS,

@@ -401,6 +401,10 @@ static const uint8_t *d_list(Ctx *c, const Node *n, Col *col, const uint8_t *p) 
             return NULL;
         }
         if (count > (uint64_t)(INT32_MAX - first->length)) return FAIL(c, E_TOO_LARGE, start, n, 0);
+        if (n->item_min == 0) { /* items of no bytes: bounded by the budget, not the input */
+            if (count > (uint64_t)c->free_left) return FAIL(c, E_FREE_ITEMS, start, n, cd_free_items);
+            c->free_left -= (int64_t)count;
+        }
         if (n->nchildren == 1) {
             const Node *kid = n->kids[0];
             for (uint64_t i = 0; i < count; i++)
@@ -582,10 +586,13 @@ void cd_presize(Ctx *c, int64_t done_bytes, int64_t left_bytes, double margin) {
 
 /* Decode segments [seg_begin, seg_end) into c->cols, a claim at a time if other threads may cut
  * the range; stop at the first error. */
+int64_t cd_free_items = 1 << 20;
+
 void cd_run_range(Ctx *c) {
     int64_t total = 0, done = 0;
     for (int64_t s = c->seg_begin; s < c->seg_end; s++)
         total += c->segs[s].len > 0 ? c->segs[s].len : 0;
+    c->free_left = cd_free_items + total; /* (a range run again, for UTF-8, starts over) */
     int64_t probe = c->seg_begin + (c->seg_end - c->seg_begin) / 32, checked = 0;
     int64_t early = c->seg_begin + EARLY_SAMPLE;
     int check = c->validate_utf8 && !c->strict_utf8;
