@@ -4,7 +4,7 @@
   on a file or network URL makes it encrypt every entry.
 - ``ARROWSTASH_ARROW_COMPRESSION``: "zstd", "lz4" or "none", overriding the per-backend default
   compression of frames.
-- ``ARROWSTASH_SECRET``: the key that signs pickled entries (see the buffers serializer).
+- ``ARROWSTASH_SECRET``: the key that signs every entry (docs/network-security.md).
 - ``ARROWSTASH_KEY``: the base64 AES-256 key of ``encrypt=True``; ``ARROWSTASH_PREVIOUS_KEYS``:
   older keys, comma-separated, that still decrypt (see docs/encryption.md).
 - ``XDG_CACHE_HOME`` (or the platform's equivalent): where the default File backend lives.
