@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from arrowstash import config
 from arrowstash.backends.base import Backend, Held, Stored
-from arrowstash.backends.registry import default_backend, from_url
+from arrowstash.backends.registry import opened
 from arrowstash.caching.freshness import Freshness
 from arrowstash.caching.keys import KeyMaker
 from arrowstash.caching.l1 import L1, L1Item, copier, frozen_size
@@ -75,10 +75,8 @@ class _Stats:
 
 def _backend(spec: Backend | str | None) -> Backend | None:
     """The backend an option names: an instance, a URL, None (L1 only) or DEFAULT."""
-    if spec is DEFAULT:
-        return default_backend()
-    if isinstance(spec, str):
-        return from_url(spec)
+    if spec is DEFAULT or isinstance(spec, str):  # a store not there yet: UnavailableBackend
+        return opened(None if spec is DEFAULT else spec)
     if spec is not None and not isinstance(spec, Backend):
         raise TypeError(f"backend must be a Backend, a URL string, None or DEFAULT, not "
                         f"{type(spec).__qualname__}")
