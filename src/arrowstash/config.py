@@ -4,7 +4,8 @@
   on a file or network URL makes it encrypt every entry.
 - ``ARROWSTASH_ARROW_COMPRESSION``: "zstd", "lz4" or "none", overriding the per-backend default
   compression of frames.
-- ``ARROWSTASH_SECRET``: the key that signs pickled entries (see the buffers serializer).
+- ``ARROWSTASH_MAX_VALUE_BYTES``: how far a compressed stored value may expand when loaded.
+- ``ARROWSTASH_SECRET``: the key that signs every entry (docs/network-security.md).
 - ``ARROWSTASH_KEY``: the base64 AES-256 key of ``encrypt=True``; ``ARROWSTASH_PREVIOUS_KEYS``:
   older keys, comma-separated, that still decrypt (see docs/encryption.md).
 - ``XDG_CACHE_HOME`` (or the platform's equivalent): where the default File backend lives.
@@ -44,6 +45,18 @@ def arrow_compression(default: str | None) -> str | None:
     if value in ("zstd", "lz4"):
         return value
     raise ValueError(f"ARROWSTASH_ARROW_COMPRESSION={raw!r}: expected zstd, lz4 or none")
+
+
+def max_value_bytes(stored: int) -> int:
+    """How many bytes a stored section of ``stored`` bytes may decompress to when loaded:
+    ``ARROWSTASH_MAX_VALUE_BYTES`` if set, else 1024 times its size or 1 GiB, the larger."""
+    raw = os.environ.get("ARROWSTASH_MAX_VALUE_BYTES", "").strip()
+    if not raw:
+        return max(1 << 30, stored << 10)
+    if not raw.isdigit() or not int(raw):
+        raise ValueError(f"ARROWSTASH_MAX_VALUE_BYTES={raw!r}: expected a positive number of "
+                         "bytes")
+    return int(raw)
 
 
 def secret() -> bytes | None:
