@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from arrowstash import config
-from arrowstash.backends._urls import colonless_scheme, local_path, redacted, scheme_of
+from arrowstash.backends._urls import colonless_scheme, local_path, redact, scheme_of
 from arrowstash.backends.base import Backend
 from arrowstash.errors import BackendError
 
@@ -69,12 +69,12 @@ def _checked_scheme(url: str) -> str:
     if lost in known:
         fixed = f"{lost}://{url[len(lost) + 2:]}"
         raise ValueError(f"backend URL lacks the colon after {lost!r}: "
-                         f"did you mean {redacted(fixed)!r}?")
+                         f"did you mean {redact(fixed)!r}?")
     if not scheme or scheme in known:
         return scheme
     close = difflib.get_close_matches(scheme, known, n=1, cutoff=0.6)
     hint = f"did you mean {close[0]}://? " if close else ""
-    raise ValueError(f"backend URL {redacted(url)!r}: unknown scheme {scheme!r} ({hint}known: "
+    raise ValueError(f"backend URL {redact(url)!r}: unknown scheme {scheme!r} ({hint}known: "
                      f"{', '.join(s + '://' for s in known)}, or a plain path)")
 
 
@@ -105,7 +105,7 @@ def opened(url: str | None) -> Backend:
         clean, encrypt = _pop_encrypt(spec or "")
         scheme = _checked_scheme(clean)
         cls: Any = FileBackend if scheme in ("", "file") else backend_class(scheme)
-        where = redacted(clean) or str(config.default_cache_dir())
+        where = redact(clean) or str(config.default_cache_dir())
         return UnavailableBackend(where, exc, cls.capabilities, encrypt)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from arrowstash.cli import avro as avro_cli
 from arrowstash.cli import store
+from arrowstash.cli import verify as verify_cli
 from arrowstash.cli._output import EXTRAS, human_age, human_size
 from arrowstash.errors import ArrowstashError
 
@@ -105,6 +106,7 @@ def parser() -> argparse.ArgumentParser:
     _add_demo_and_bench(sub)
     store.register(sub)
     avro_cli.register(sub)
+    verify_cli.register(sub)
     return p
 
 
