@@ -57,18 +57,24 @@ def console(stderr: bool = False) -> Any:
                    force_terminal=None if terminal else False, soft_wrap=not terminal)
 
 
-def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], right: Sequence[str] = (),
-          title: str | None = None) -> None:
-    """Print aligned columns (``right``: the ones aligned right) with a bold header."""
+def table(columns: Sequence[str], rows: Iterable[Sequence[Any]],
+          right: Sequence[str] = ()) -> None:
+    """Print aligned columns (``right``: the ones aligned right) with a bold header. On a
+    narrow terminal the widest column folds; the others keep their width."""
     from rich.table import Table
     from rich.text import Text
 
-    grid = Table(box=None, pad_edge=False, header_style="bold", title=title,
-                 title_justify="left")
-    for name in columns:
-        grid.add_column(name, justify="right" if name in right else "left", no_wrap=True)
-    for row in rows:
-        grid.add_row(*(Text(str(cell)) for cell in row))  # as written: "[1, 2]" is no markup
+    cells = [[Text(str(cell)) for cell in row] for row in rows]  # "[1, 2]" is text, no markup
+    widths = [max([len(name), *(row[i].cell_len for row in cells)])
+              for i, name in enumerate(columns)]
+    widest = widths.index(max(widths)) if widths else -1
+    grid = Table(box=None, pad_edge=False, header_style="bold")
+    for i, name in enumerate(columns):
+        grid.add_column(name, justify="right" if name in right else "left",
+                        overflow="fold" if i == widest else "ellipsis",
+                        no_wrap=i != widest, min_width=None if i == widest else widths[i])
+    for row in cells:
+        grid.add_row(*row)
     console().print(grid)
 
 
