@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import msgpack
 import xxhash
 
-from arrowstash.entry import mac as macs
+import arrowstash.entry.mac as macs
 from arrowstash.errors import CorruptEntryError
 
 if TYPE_CHECKING:

@@ -1,10 +1,12 @@
 """The encode plan: an Avro schema compiled against the Arrow types of the input.
 
-Both encoders (native ``_cencode`` and pure-Python ``_encode``) walk the same plan over the same
-normalised arrays, so they cannot disagree about what is accepted. Compiling decides once per call
-which Arrow input types an Avro type accepts and how each is brought to the one physical layout
-its node reads (the Arrow mapping's type, or a few layouts read in place: large strings, plain
-strings for an enum, int64 for an int):
+Both encoders (native ``_native._cencode``, pure-Python ``_python.encoder``) walk the same plan
+over the same normalised arrays, so they cannot disagree about what is accepted. Compiling
+decides once per call which Arrow input types an Avro type accepts and how each is brought to the
+one physical layout its node reads (the Arrow mapping's type, or a few layouts read in place:
+large strings, plain strings for an enum, int64 for an int). This module compiles the nested
+types (record, array, map, union); ``encode_leaves`` the others; ``encode_nodes`` holds the
+plan's parts:
 
 - int: any integer type (int64/uint32/uint64 are range-checked per value); long: any integer
   type; float/double: any float or integer type (cast, float64 -> float32 rounds).
@@ -30,9 +32,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from arrowstash.avro._arrow_map import arrow_type, is_nullable_union, union_child_name
+from arrowstash.avro.arrow_types import arrow_type, is_nullable_union, union_child_name
+from arrowstash.avro.encode_leaves import enum_node, fixed_node, primitive
+from arrowstash.avro.encode_nodes import (
+    K_ARRAY,
+    K_BINARY,
+    K_MAP,
+    K_NULL,
+    K_RECORD,
+    K_UNION,
+    Node,
+    Normalize,
+    PlanError,
+    cast_to,
+    is_text,
+    is_uuid,
+    same,
+    unfit,
+)
 from arrowstash.avro.schema import (
     Array,
     AvroType,
@@ -46,58 +64,6 @@ from arrowstash.avro.schema import (
     describe,
 )
 from arrowstash.errors import AvroSchemaError
-
-# Node kinds: keep in step with the enum in _encode.c.
-(
-    K_NULL, K_BOOL, K_INT32, K_INT64, K_INT64_AS_INT, K_FLOAT, K_DOUBLE, K_BINARY,
-    K_LARGE_BINARY, K_FIXED, K_ENUM, K_ENUM_STRING, K_RECORD, K_ARRAY, K_MAP, K_UNION,
-    K_DECIMAL_BYTES, K_DECIMAL_FIXED, K_UUID_STRING, K_DURATION,
-) = range(20)  # fmt: skip
-
-Normalize = Callable[[Any], Any]
-
-
-class PlanError(Exception):
-    """An input type the schema cannot take, or a value that cannot be brought to its layout.
-
-    ``path`` is the column path; encoder.py adds the row and raises AvroEncodeError.
-    """
-
-    def __init__(self, path: str, message: str) -> None:
-        super().__init__(message)
-        self.path = path
-        self.message = message
-
-
-@dataclass(eq=False)
-class Node:
-    """One plan node: what to write for one Avro type read from one normalised Arrow array."""
-
-    kind: int
-    path: str
-    avro: AvroType
-    arrow: Any  # the normalised Arrow type this node reads
-    kids: list[Node] = field(default_factory=list)
-    null_branch: int = -1  # union index written for a null; -1: a null is an error
-    value_branch: int = -1  # union index written before a value; -1: none
-    p1: int = 0  # fixed size, symbol count, decimal fixed size, sparse-union flag
-    p2: int = 0  # decimal byte width (16 or 32)
-    symbols: tuple[str, ...] = ()
-    id: int = -1
-
-    def as_tuple(self) -> tuple[Any, ...]:
-        """The plan as _cencode reads it."""
-        syms = tuple(s.encode() for s in self.symbols) if self.kind == K_ENUM_STRING else ()
-        return (
-            self.kind, self.id, self.null_branch, self.value_branch, self.p1, self.p2,
-            tuple(k.as_tuple() for k in self.kids), syms,
-        )  # fmt: skip
-
-    def walk(self) -> list[Node]:
-        out = [self]
-        for kid in self.kids:
-            out.extend(kid.walk())
-        return out
 
 
 @dataclass(eq=False)
@@ -159,18 +125,13 @@ def compile_plan(root: AvroType, input_schema: Any) -> Plan:
     plan.input_schema = input_schema
     order = [name for name, _ in plan.normalize_columns]
     if (plan.root.kind == K_RECORD and not plan.defaults
-            and all(norm is _same for _, norm in plan.normalize_columns)
+            and all(norm is same for _, norm in plan.normalize_columns)
             and same_layout(pa.struct([input_schema.field(n) for n in order]), plan.arrow_type)):
         plan.passthrough = [] if order == input_schema.names else order
     return plan
 
 
 # -- compiling one type --------------------------------------------------------------------------
-
-
-def _same(arr: Any) -> Any:
-    return arr
-
 
 def _default(f: Field, path: str) -> Callable[[int], Any]:
     """Columns of ``f``'s default (checked now against its type), as the spec's defaults are
@@ -183,19 +144,6 @@ def _default(f: Field, path: str) -> Callable[[int], Any]:
     except AvroSchemaError as exc:
         raise PlanError(path, str(exc)) from None
     return lambda n: default_array(f.default, f.type, n, path)
-
-
-def _cast(to: Any) -> Normalize:
-    def norm(arr: Any) -> Any:
-        return arr.cast(to)
-
-    return norm
-
-
-def _unfit(path: str, t: AvroType, at: Any) -> PlanError:
-    return PlanError(path, f"Arrow type {at} cannot be encoded as Avro {describe(t)}")
-
-
 def _compile(t: AvroType, at: Any, path: str) -> tuple[Node, Normalize]:
     node, norm = _compile_type(t, at, path)
     return node, _guard(norm, path)
@@ -204,7 +152,7 @@ def _compile(t: AvroType, at: Any, path: str) -> tuple[Node, Normalize]:
 def _guard(norm: Normalize, path: str) -> Normalize:
     """pyarrow's refusals (a cast that would overflow or lose data) become PlanErrors of the
     column path, so encode() can find the row and name both."""
-    if norm is _same:
+    if norm is same:
         return norm
 
     def guarded(arr: Any) -> Any:
@@ -217,22 +165,22 @@ def _guard(norm: Normalize, path: str) -> Normalize:
 
 
 def _compile_type(t: AvroType, at: Any, path: str) -> tuple[Node, Normalize]:
-    if isinstance(at, pa.BaseExtensionType) and not _is_uuid(at):
+    if isinstance(at, pa.BaseExtensionType) and not is_uuid(at):
         at = at.storage_type  # a foreign extension type: encode its storage
         return _compile_storage(t, at, path)
     if isinstance(t, Union):
         return _union(t, at, path)
     if pa.types.is_null(at):
         if isinstance(t, Primitive) and t.type == "null":
-            return Node(K_NULL, path, t, pa.null()), _same
+            return Node(K_NULL, path, t, pa.null()), same
         raise PlanError(path, f"a column of nulls (Arrow null type) cannot be encoded as "
                         f"non-nullable Avro {describe(t)}")
     if isinstance(t, Primitive):
-        return _primitive(t, at, path)
+        return primitive(t, at, path)
     if isinstance(t, Enum):
-        return _enum(t, at, path)
+        return enum_node(t, at, path)
     if isinstance(t, Fixed):
-        return _fixed(t, at, path)
+        return fixed_node(t, at, path)
     if isinstance(t, Record):
         return _record(t, at, path)
     if isinstance(t, Array):
@@ -245,188 +193,10 @@ def _compile_storage(t: AvroType, storage: Any, path: str) -> tuple[Node, Normal
     return node, lambda arr: norm(arr.storage)
 
 
-def _is_uuid(at: Any) -> bool:
-    return isinstance(at, pa.BaseExtensionType) and at.extension_name == "arrow.uuid"
-
-
-def _primitive(t: Primitive, at: Any, path: str) -> tuple[Node, Normalize]:
-    lt, kind = t.logical_type, t.type
-    if lt is None:
-        return _plain(t, at, path)
-    if lt == "decimal":
-        return _decimal(t, at, path, K_DECIMAL_BYTES, 0)
-    if lt == "uuid":
-        if _is_uuid(at) or at == pa.binary(16):
-            return Node(K_UUID_STRING, path, t, pa.binary(16)), _uuid_storage
-        if pa.types.is_string(at) or pa.types.is_large_string(at) or pa.types.is_string_view(at):
-            return Node(K_BINARY, path, t, pa.string()), _uuid_text(path)
-        raise _unfit(path, t, at)
-    want = arrow_type(t)
-    if lt == "date":
-        if at == pa.date32():
-            return Node(K_INT32, path, t, want), _same
-        if at == pa.date64():
-            return Node(K_INT32, path, t, want), _cast(want)
-        raise _unfit(path, t, at)
-    if lt in ("time-millis", "time-micros"):
-        if not (pa.types.is_time32(at) or pa.types.is_time64(at)):
-            raise _unfit(path, t, at)
-        k = K_INT32 if kind == "int" else K_INT64
-        return Node(k, path, t, want), (_same if at == want else _cast(want))
-    # timestamp-* and local-timestamp-*
-    if not pa.types.is_timestamp(at):
-        raise _unfit(path, t, at)
-    local = lt.startswith("local-")
-    norm = _timestamp(want, at, local)
-    return Node(K_INT64, path, t, want), norm
-
-
-def _timestamp(want: Any, at: Any, local: bool) -> Normalize:
-    if local and at.tz is not None:
-        def to_wall(arr: Any) -> Any:
-            return pc.local_timestamp(arr).cast(want)
-
-        return to_wall
-    # naive -> UTC keeps the stored value; another zone keeps the instant; another unit is a
-    # checked cast (a value that would lose precision or overflow raises)
-    return _same if at == want else _cast(want)
-
-
-def _plain(t: Primitive, at: Any, path: str) -> tuple[Node, Normalize]:
-    kind = t.type
-    is_int = pa.types.is_integer(at)
-    if kind == "boolean" and pa.types.is_boolean(at):
-        return Node(K_BOOL, path, t, pa.bool_()), _same
-    if kind == "int" and is_int:
-        if at == pa.int32():
-            return Node(K_INT32, path, t, at), _same
-        if at.bit_width < 32 or at == pa.uint16():
-            return Node(K_INT32, path, t, pa.int32()), _cast(pa.int32())
-        norm = _same if at == pa.int64() else _cast(pa.int64())
-        return Node(K_INT64_AS_INT, path, t, pa.int64()), norm
-    if kind == "long" and is_int:
-        return Node(K_INT64, path, t, pa.int64()), _same if at == pa.int64() else _cast(pa.int64())
-    if kind in ("float", "double") and (pa.types.is_floating(at) or is_int):
-        want = pa.float32() if kind == "float" else pa.float64()
-        k = K_FLOAT if kind == "float" else K_DOUBLE
-        return Node(k, path, t, want), _same if at == want else _cast(want)
-    if kind == "string":
-        if at == pa.string():
-            return Node(K_BINARY, path, t, at), _same
-        if pa.types.is_large_string(at):
-            return Node(K_LARGE_BINARY, path, t, at), _same
-        if pa.types.is_string_view(at) or (
-            pa.types.is_dictionary(at) and _is_text(at.value_type)
-        ):
-            return Node(K_BINARY, path, t, pa.string()), _cast(pa.string())
-    if kind == "bytes":
-        if at == pa.binary():
-            return Node(K_BINARY, path, t, at), _same
-        if pa.types.is_large_binary(at):
-            return Node(K_LARGE_BINARY, path, t, at), _same
-        if pa.types.is_large_string(at):
-            return Node(K_LARGE_BINARY, path, t, pa.large_binary()), _cast(pa.large_binary())
-        if (
-            pa.types.is_binary_view(at)
-            or pa.types.is_fixed_size_binary(at)
-            or _is_text(at)
-        ):
-            return Node(K_BINARY, path, t, pa.binary()), _cast(pa.binary())
-    raise _unfit(path, t, at)
-
-
-def _is_text(at: Any) -> bool:
-    return bool(
-        pa.types.is_string(at) or pa.types.is_large_string(at) or pa.types.is_string_view(at)
-    )
-
-
-def _uuid_storage(arr: Any) -> Any:
-    return arr.storage if isinstance(arr, pa.ExtensionArray) else arr
-
-
-_UUID_TEXT = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
-
-
-def _uuid_text(path: str) -> Normalize:
-    def norm(arr: Any) -> Any:
-        arr = arr.cast(pa.string())
-        ok = pc.match_substring_regex(arr, _UUID_TEXT)
-        if pc.any(pc.invert(ok)).as_py():
-            bad = arr.filter(pc.invert(ok))[0].as_py()
-            raise PlanError(path, f"{bad!r} is not a UUID (8-4-4-4-12 hex digits)")
-        return pc.utf8_lower(arr)  # the canonical text form is lower case
-
-    return norm
-
-
-def _decimal(
-    t: Primitive | Fixed, at: Any, path: str, kind: int, size: int
-) -> tuple[Node, Normalize]:
-    if not pa.types.is_decimal(at):
-        raise _unfit(path, t, at)
-    want = arrow_type(t)
-    width = 16 if pa.types.is_decimal128(want) else 32
-    return Node(kind, path, t, want, p1=size, p2=width), _same if at == want else _cast(want)
-
-
-def _enum(t: Enum, at: Any, path: str) -> tuple[Node, Normalize]:
-    n = len(t.symbols)
-    if pa.types.is_dictionary(at) and _is_text(at.value_type):
-        return Node(K_ENUM, path, t, pa.int32(), p1=n, symbols=t.symbols), _enum_indices(t, path)
-    if at == pa.string():
-        return Node(K_ENUM_STRING, path, t, at, p1=n, symbols=t.symbols), _same
-    if _is_text(at):
-        node = Node(K_ENUM_STRING, path, t, pa.string(), p1=n, symbols=t.symbols)
-        return node, _cast(pa.string())
-    raise _unfit(path, t, at)
-
-
-def _enum_indices(t: Enum, path: str) -> Normalize:
-    where = {s: i for i, s in enumerate(t.symbols)}
-
-    def norm(arr: Any) -> Any:
-        values = arr.dictionary.to_pylist()
-        indices = arr.indices
-        if values == list(t.symbols[: len(values)]):
-            return indices if indices.type == pa.int32() else indices.cast(pa.int32())
-        remap = pa.array([where.get(v, -1) if v is not None else None for v in values], pa.int32())
-        out = remap.take(indices)
-        if out.null_count < len(out) and pc.min(out).as_py() == -1:
-            bad = values[indices[pc.index(out, -1).as_py()].as_py()]
-            raise PlanError(path, f"{bad!r} is not a symbol of enum {t.name} {list(t.symbols)}")
-        return out
-
-    return norm
-
-
-def _fixed(t: Fixed, at: Any, path: str) -> tuple[Node, Normalize]:
-    if t.logical_type == "decimal":
-        return _decimal(t, at, path, K_DECIMAL_FIXED, t.size)
-    if t.logical_type == "duration":
-        if at == pa.month_day_nano_interval():
-            return Node(K_DURATION, path, t, at), _same
-        raise _unfit(path, t, at)
-    want = pa.binary(t.size)
-    if t.logical_type == "uuid" and _is_uuid(at):
-        return Node(K_FIXED, path, t, want, p1=t.size), _uuid_storage
-    if at == want:
-        return Node(K_FIXED, path, t, want, p1=t.size), _same
-    if pa.types.is_binary(at) or pa.types.is_large_binary(at) or pa.types.is_binary_view(at):
-        def norm(arr: Any) -> Any:
-            try:
-                return arr.cast(pa.binary()).cast(want)
-            except pa.ArrowInvalid as exc:
-                message = f"a value is not {t.size} bytes long (fixed {t.name})"
-                raise PlanError(path, message) from exc
-
-        return Node(K_FIXED, path, t, want, p1=t.size), norm
-    raise _unfit(path, t, at)
-
 
 def _record(t: Record, at: Any, path: str) -> tuple[Node, Normalize]:
     if not pa.types.is_struct(at):
-        raise _unfit(path, t, at)
+        raise unfit(path, t, at)
     names = [at.field(i).name for i in range(at.num_fields)]
     kids, norms, fields = [], [], []
     positions: list[int | None] = []  # None: a field the struct lacks, filled with its default
@@ -450,8 +220,8 @@ def _record(t: Record, at: Any, path: str) -> tuple[Node, Normalize]:
     want = pa.struct(fields)
     node = Node(K_RECORD, path, t, want, kids)
     in_place = positions == list(range(at.num_fields))
-    if in_place and all(n is _same for n in norms):
-        return node, _same
+    if in_place and all(n is same for n in norms):
+        return node, same
 
     def rebuild(arr: Any) -> Any:
         children = [n(arr.field(i) if i is not None else defaults[k](len(arr)))
@@ -476,13 +246,13 @@ def _array(t: Array, at: Any, path: str) -> tuple[Node, Normalize]:
         or pa.types.is_list_view(at)
         or pa.types.is_large_list_view(at)
     ):
-        raise _unfit(path, t, at)
+        raise unfit(path, t, at)
     item, item_norm = _compile(t.items, at.value_type, f"{path}[]")
     want = pa.list_(pa.field("item", item.arrow))
     node = Node(K_ARRAY, path, t, want, [item])
     as_list = pa.list_(at.value_field)
-    if pa.types.is_list(at) and item_norm is _same:
-        return node, _same
+    if pa.types.is_list(at) and item_norm is same:
+        return node, same
 
     def rebuild(arr: Any) -> Any:
         if arr.type != as_list:
@@ -499,17 +269,17 @@ def _array(t: Array, at: Any, path: str) -> tuple[Node, Normalize]:
 
 def _map(t: Map, at: Any, path: str) -> tuple[Node, Normalize]:
     if not pa.types.is_map(at):
-        raise _unfit(path, t, at)
-    if not _is_text(at.key_type):
-        raise _unfit(path, t, at)
+        raise unfit(path, t, at)
+    if not is_text(at.key_type):
+        raise unfit(path, t, at)
     key = Node(K_BINARY, f"{path}{{}}key", Primitive("string"), pa.string())
-    key_norm = _same if at.key_type == pa.string() else _cast(pa.string())
+    key_norm = same if at.key_type == pa.string() else cast_to(pa.string())
     value, value_norm = _compile(t.values, at.item_type, f"{path}{{}}")
     want = arrow_type(t)
     want = pa.map_(want.key_field, pa.field("value", value.arrow, nullable=True))
     node = Node(K_MAP, path, t, want, [key, value])
-    if key_norm is _same and value_norm is _same:
-        return node, _same
+    if key_norm is same and value_norm is same:
+        return node, same
 
     def rebuild(arr: Any) -> Any:
         keys, items = key_norm(arr.keys), value_norm(arr.items)
@@ -534,7 +304,7 @@ def _union(t: Union, at: Any, path: str) -> tuple[Node, Normalize]:
         branch = 1 - null
         if pa.types.is_null(at):
             node = Node(K_NULL, path, t, pa.null(), value_branch=null)
-            return node, _same
+            return node, same
         node, norm = _compile(t.branches[branch], at, path)
         node.null_branch, node.value_branch = null, branch
         return node, norm
@@ -544,8 +314,8 @@ def _union(t: Union, at: Any, path: str) -> tuple[Node, Normalize]:
     # the first branch that takes it
     if pa.types.is_null(at):
         if null is None:
-            raise _unfit(path, t, at)
-        return Node(K_NULL, path, t, pa.null(), value_branch=null), _same
+            raise unfit(path, t, at)
+        return Node(K_NULL, path, t, pa.null(), value_branch=null), same
     candidates = sorted(
         (i for i, b in enumerate(t.branches) if b.type != "null"),
         key=lambda i: _safe_arrow_type(t.branches[i]) != at,
@@ -558,7 +328,7 @@ def _union(t: Union, at: Any, path: str) -> tuple[Node, Normalize]:
         node.null_branch = -1 if null is None else null
         node.value_branch = i
         return node, norm
-    raise _unfit(path, t, at)
+    raise unfit(path, t, at)
 
 
 def _safe_arrow_type(t: AvroType) -> Any:
@@ -598,8 +368,8 @@ def _union_of_union(t: Union, at: Any, path: str) -> tuple[Node, Normalize]:
     # code_of[c] = branch of Arrow type code c
     code_of = {codes[pos]: branch for branch, pos in enumerate(order)}
     identity = all(code_of[c] == c for c in codes)
-    if identity and all(k is _same for k in norms):
-        return node, _same
+    if identity and all(k is same for k in norms):
+        return node, same
 
     def rebuild(arr: Any) -> Any:
         # rebuilt with offset 0: sparse children come from pyarrow already sliced to the rows

@@ -1,6 +1,6 @@
 """Pure-Python Avro encoder: the fallback twin of ``_cencode``, byte for byte the same.
 
-It walks the same plan over the same normalised arrays (see _encode_plan.py), one row at a time,
+It walks the same plan over the same normalised arrays (see encode_plan.py), one row at a time,
 through closures bound once per array. It also words every value error: when the native encoder
 stops at a row, encoder.py re-encodes that one row here to describe what was wrong.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from arrowstash.avro._encode_plan import (
+from arrowstash.avro.encode_nodes import (
     K_ARRAY,
     K_BINARY,
     K_BOOL,
