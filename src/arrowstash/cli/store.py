@@ -96,7 +96,7 @@ def _summary(backend: Backend, entries: list[EntryInfo], now: float) -> dict[str
 def avro_codec() -> str:
     """The Avro codec in use, for people ("native" or "pure Python (why)")."""
     try:
-        from arrowstash.avro.codec import implementation
+        from arrowstash.avro.decoder import implementation
     except ImportError as exc:  # the base install without NumPy
         return f"unavailable ({exc})"
     return implementation()
