@@ -89,6 +89,7 @@ def test_ls_lists_every_entry(
     assert len(lines) == ENTRIES + 2 and lines[-1].startswith(f"{ENTRIES} entries, ")
     assert sum(line.rstrip().endswith("expired") for line in lines) == EXPIRED
     assert "\x1b" not in out  # no colour when piped
+    assert all(line == line.rstrip() for line in lines)  # and no padding after the last column
 
 
 def test_ls_of_one_namespace_says_one_entry(
@@ -142,6 +143,7 @@ def test_info_summarises(folder: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert by_ns == {"alpha": ALPHA, "beta": BETA}
     code, out, _ = _run(capsys, "info", f"file://{folder}")
     assert code == 0
+    assert out.startswith("backend ")
     assert f"{ENTRIES} entries readable, {ENTRIES + 1} files" in out
     assert "avro codec   native" in out
 

@@ -58,8 +58,8 @@ def console(stderr: bool = False) -> Any:
 
 
 def table(columns: Sequence[str], rows: Iterable[Sequence[Any]],
-          right: Sequence[str] = ()) -> None:
-    """Print aligned columns (``right``: the ones aligned right) with a bold header. On a
+          right: Sequence[str] = (), header: bool = True) -> None:
+    """Print aligned columns (``right``: the ones aligned right) under a bold header. On a
     narrow terminal the widest column folds; the others keep their width."""
     from rich.table import Table
     from rich.text import Text
@@ -68,14 +68,20 @@ def table(columns: Sequence[str], rows: Iterable[Sequence[Any]],
     widths = [max([len(name), *(row[i].cell_len for row in cells)])
               for i, name in enumerate(columns)]
     widest = widths.index(max(widths)) if widths else -1
-    grid = Table(box=None, pad_edge=False, header_style="bold")
+    grid = Table(box=None, pad_edge=False, header_style="bold", show_header=header)
     for i, name in enumerate(columns):
         grid.add_column(name, justify="right" if name in right else "left",
                         overflow="fold" if i == widest else "ellipsis",
                         no_wrap=i != widest, min_width=None if i == widest else widths[i])
     for row in cells:
         grid.add_row(*row)
-    console().print(grid)
+    out = console()
+    if out.is_terminal:
+        out.print(grid)
+        return
+    with out.capture() as captured:  # piped: no padding after the last column
+        out.print(grid)
+    sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
 
 
 def say(text: str) -> None:

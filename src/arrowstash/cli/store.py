@@ -124,7 +124,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     if "server" in s:  # the server's own counters, of every client
         lines.append(("server", ", ".join(
             f"{k} {human_size(v) if k == 'memory' else v}" for k, v in s["server"].items())))
-    table(("", ""), lines)
+    table(("", ""), lines, header=False)
     if s["functions"]:
         say("")
         table(("namespace", "function", "entries", "size", "expired", "newest"),
