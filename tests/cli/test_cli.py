@@ -343,3 +343,19 @@ def test_brackets_in_names_and_values_are_printed_as_written(
     cache(backend=FileBackend(tmp_path), namespace="[red]ns")(f)(1)
     _, out, _ = _run(capsys, "ls", str(tmp_path))
     assert "[red]ns" in out and "f[bold]" in out
+
+
+def test_a_missing_library_is_one_line_naming_the_extra(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "numpy", None)  # as if not installed
+    code, out, _ = _run(capsys, "bench", str(tmp_path), "--value", "small", "--value", "array",
+                        "--repeats", "1")
+    assert code == 0 and "skipped array: needs numpy (pip install 'arrowstash[numpy]')" in out
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    from arrowstash.cli import demo
+
+    monkeypatch.setattr(demo, "_jobs", demo._fallback_jobs)  # the quick job
+    code, out, err = _run(capsys, "demo", "--plot", str(tmp_path / "x.png"))
+    assert code == 2 and err == ("arrowstash: demo needs matplotlib "
+                                 "(pip install 'arrowstash[plot]')\n")

@@ -16,6 +16,15 @@ EXTRAS = {"numpy": "numpy", "pandas": "pandas", "polars": "polars", "matplotlib"
           "cryptography": "encrypt", "prometheus_client": "prometheus"}
 
 
+def needs(exc: ModuleNotFoundError, extra: str | None = None) -> str:
+    """``needs numpy (pip install 'arrowstash[numpy]')``: what a missing module asks for."""
+    module = (exc.name or "").partition(".")[0]
+    extra = extra or EXTRAS.get(module)
+    if extra is None:
+        return str(exc)
+    return f"needs {module} (pip install 'arrowstash[{extra}]')"
+
+
 def human_size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":

@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from arrowstash.backends.base import Backend
 from arrowstash.caching.decorator import CachedFunction, cache
-from arrowstash.cli._output import EXTRAS, emit_json, human_size, human_time, progress, say, table
+from arrowstash.cli._output import emit_json, human_size, human_time, needs, progress, say, table
 
 NAMESPACE = "arrowstash-bench"
 VALUES = ("small", "frame", "array")
@@ -115,8 +115,7 @@ def run(url: str | None, values: list[str], rows: int, mib: int, repeats: int,
             try:
                 value = makers[name]()
             except ModuleNotFoundError as exc:
-                skipped.append(f"{name}: needs {exc.name} (pip install "
-                               f"'arrowstash[{EXTRAS.get(exc.name or '', 'pandas')}]')")
+                skipped.append(f"{name}: {needs(exc)}")
                 continue
             results.append(measure(backend, name, value, repeats))
     finally:

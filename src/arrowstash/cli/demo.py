@@ -125,6 +125,8 @@ def _measure(backend: FileBackend, name: str, job: Callable[[], Any]) -> dict[st
 
 
 def run(directory: str | None, plot: str | None = None, clear: bool = False) -> int:
+    if plot:
+        import matplotlib  # noqa: F401  (a missing extra fails before the work, not after)
     with tempfile.TemporaryDirectory(prefix="arrowstash-demo-") as scratch:
         backend = FileBackend(directory or scratch)
         if clear or not directory:

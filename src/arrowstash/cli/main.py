@@ -11,7 +11,7 @@ from typing import Any
 from arrowstash.cli import avro as avro_cli
 from arrowstash.cli import store
 from arrowstash.cli import verify as verify_cli
-from arrowstash.cli._output import EXTRAS, human_age, human_size
+from arrowstash.cli._output import human_age, human_size, needs
 from arrowstash.errors import ArrowstashError
 
 __all__ = ["human_age", "human_size", "main", "parser", "version"]
@@ -110,14 +110,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _missing_extra(exc: ModuleNotFoundError, command: str) -> str:
-    module = (exc.name or "").partition(".")[0]
-    extra = "avro" if command == "avro" and module == "numpy" else EXTRAS.get(module)
-    if extra is None:
-        return f"{exc}"
-    return f"arrowstash {command} needs {module}: pip install 'arrowstash[{extra}]'"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -128,7 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into head and the like: not an error
         return 0
     except ModuleNotFoundError as exc:
-        print(f"arrowstash: {_missing_extra(exc, args.command)}", file=sys.stderr)
+        avro = args.command == "avro" and exc.name == "numpy"
+        print(f"arrowstash: {args.command} {needs(exc, 'avro' if avro else None)}",
+              file=sys.stderr)
         return 2
     except ImportError as exc:  # ours, already naming the extra to install
         print(f"arrowstash: {exc}", file=sys.stderr)
