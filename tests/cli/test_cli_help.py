@@ -11,7 +11,7 @@ import pytest
 from arrowstash.cli.main import main
 
 COMMANDS = [[], ["demo"], ["bench"], ["info"], ["ls"], ["purge"], ["avro"], ["avro", "decode"],
-            ["avro", "encode"], ["avro", "cat"], ["avro", "convert"]]
+            ["avro", "encode"], ["avro", "cat"], ["avro", "convert"], ["verify"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "top")
