@@ -53,7 +53,7 @@ from _avro_measure import (
     run_counts,
 )
 from arrowstash.avro import parse_schema
-from arrowstash.avro.codec import decode, native_available
+from arrowstash.avro.decoder import decode, native_available
 from arrowstash.avro.encoder import encode
 from arrowstash.avro.ocf import read_ocf
 

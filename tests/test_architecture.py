@@ -85,7 +85,6 @@ def test_no_import_runs_back_up(graph: dict[str, set[str]]) -> None:
     assert not upward, upward
 
 
-@pytest.mark.xfail(strict=True, reason="the avro package's circles go with its new layout")
 def test_no_import_circle(graph: dict[str, set[str]]) -> None:
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -135,7 +134,7 @@ def test_documented_submodules_are_attributes_of_a_plain_import() -> None:
     assert out.stdout.split() == ["False", "True", "arrowstash.config"]
 
 
-@pytest.mark.xfail(strict=True, reason="avro/_encode_plan.py is split with the avro layout")
+@pytest.mark.xfail(strict=True, reason="avro/encode_plan.py is split next")
 @pytest.mark.parametrize("limit", [600])
 def test_no_module_past_the_limit(limit: int) -> None:
     long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
@@ -143,7 +142,7 @@ def test_no_module_past_the_limit(limit: int) -> None:
     assert not long, long
 
 
-@pytest.mark.xfail(strict=True, reason="four avro functions are split with the avro layout")
+@pytest.mark.xfail(strict=True, reason="four avro functions are split next")
 def test_functions_are_short_and_take_few_parameters() -> None:
     """No function over 60 lines or with more than 8 parameters, but the public cache()."""
     found = []
@@ -160,7 +159,6 @@ def test_functions_are_short_and_take_few_parameters() -> None:
     assert not found, found
 
 
-@pytest.mark.xfail(strict=True, reason="avro modules' reads move to config.py with its layout")
 def test_only_config_reads_the_environment() -> None:
     readers = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
                      if p.name != "config.py" and ("os.environ" in (text := p.read_text())

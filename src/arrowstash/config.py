@@ -8,6 +8,9 @@
 - ``ARROWSTASH_KEY``: the base64 AES-256 key of ``encrypt=True``; ``ARROWSTASH_PREVIOUS_KEYS``:
   older keys, comma-separated, that still decrypt (see docs/encryption.md).
 - ``XDG_CACHE_HOME`` (or the platform's equivalent): where the default File backend lives.
+- ``ARROWSTASH_AVRO_NATIVE=0``: the Avro codec uses its pure-Python decoder and encoder even
+  where the native ones are built; ``ARROWSTASH_AVRO_LIBDEFLATE=0``: the native decoder leaves
+  deflate blocks to Python's zlib instead of the system's libdeflate.
 """
 
 from __future__ import annotations
@@ -53,3 +56,20 @@ def encryption_keys() -> tuple[str | None, list[str]]:
     current = os.environ.get("ARROWSTASH_KEY", "").strip() or None
     previous = os.environ.get("ARROWSTASH_PREVIOUS_KEYS", "")
     return current, [k.strip() for k in previous.split(",") if k.strip()]
+
+
+def avro_native() -> bool:
+    """Whether the Avro codec may use its native decoder and encoder (where they are built)."""
+    return os.environ.get("ARROWSTASH_AVRO_NATIVE", "1") != "0"
+
+
+def avro_libdeflate() -> bool:
+    """Whether the native Avro decoder may inflate deflate blocks with libdeflate."""
+    return os.environ.get("ARROWSTASH_AVRO_LIBDEFLATE", "1") != "0"
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, where the system has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1  # pragma: no cover - not Linux

@@ -530,7 +530,7 @@ def test_missing_column_and_bad_inputs() -> None:
         encode(pa.RecordBatch.from_pydict({"s": ["a"]}), REC)
     with pytest.raises(TypeError, match=r"RecordBatch or pyarrow\.Table"):
         encode([{"i": 1}], REC)
-    with pytest.raises(ValueError, match="threads must be at least 1"):
+    with pytest.raises(ValueError, match="threads must be a positive int or None, not 0"):
         encode(rec_batch(), REC, threads=0)
 
 

@@ -20,7 +20,7 @@ from arrowstash.errors import AvroEncodeError
 fastavro = pytest.importorskip("fastavro")
 
 ENCODERS = ["python", pytest.param("native", marks=pytest.mark.skipif(
-    importlib.util.find_spec("arrowstash.avro._cencode") is None,
+    importlib.util.find_spec("arrowstash.avro._native._cencode") is None,
     reason="the native encoder is not built"))]
 
 SCHEMA = {"type": "record", "name": "Row", "namespace": "test", "fields": [

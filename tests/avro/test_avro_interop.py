@@ -145,7 +145,7 @@ def test_the_spec_single_object_message() -> None:
     fingerprint = int.from_bytes(schema.fingerprint, "little")
     assert ids_of([message], "single-object").to_pylist() == [fingerprint]
     payload = strip_header([message], "single-object", expect=schema).payloads
-    from arrowstash.avro.codec import decode
+    from arrowstash.avro.decoder import decode
 
     expected = fastavro.schemaless_reader(io.BytesIO(payload[0].as_py()),
                                           fastavro.parse_schema(json.loads(schema.json)))

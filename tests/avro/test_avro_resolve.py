@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from arrowstash.avro.codec import decode
+from arrowstash.avro.decoder import decode
 from arrowstash.avro.resolve import resolve
 from arrowstash.avro.schema import parse_schema
 from arrowstash.errors import AvroDecodeError, AvroSchemaError

@@ -16,15 +16,15 @@ from hypothesis import strategies as st
 
 from _avro_strategies import write
 from arrowstash.avro import parse_schema, read_ocf
-from arrowstash.avro._plan import SKIP_DEPTH
-from arrowstash.avro.codec import decode
+from arrowstash.avro.decode_plan import SKIP_DEPTH
+from arrowstash.avro.decoder import decode
 from arrowstash.avro.resolve import pruned
 from arrowstash.avro.schema import PrunedSchema, Record, Schema
 from arrowstash.errors import AvroDecodeError, AvroSchemaError
 
 fastavro = pytest.importorskip("fastavro")
 
-NATIVE = importlib.util.find_spec("arrowstash.avro._cdecode") is not None
+NATIVE = importlib.util.find_spec("arrowstash.avro._native._cdecode") is not None
 DECODERS = ["python", pytest.param("native", marks=pytest.mark.skipif(
     not NATIVE, reason="the native decoder is not built"))]
 

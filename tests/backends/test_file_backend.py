@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import xxhash
 
 from arrowstash import BackendError, FileBackend, Key, StandardSerializer
 from arrowstash.entry.format import Encoded, EntryWriter, parse_entry
@@ -246,14 +247,16 @@ def test_large_entries_are_mapped_privately(tmp_path: Path) -> None:
     assert small_stored is not None and not small_stored.mapped
 
 
-def test_entries_read_through_a_map_are_not_hashed(tmp_path: Path) -> None:
-    """Mapped reads never check section digests, so the writer skips them (hashing costs about
-    as much as writing); a small entry keeps them, and a reader that reads in checks those."""
+def test_entries_read_through_a_map_carry_digests_too(tmp_path: Path) -> None:
+    """Mapped reads skip section digests (unless verify=True), but the writer hashes every
+    section (issue 20, item 6): a reader that reads in, or verifies, checks them."""
     backend = FileBackend(tmp_path / "c", mmap_threshold=4096)
     big, small = _key(1), _key(2)
     _put(backend, big, bytes(range(256)) * 64)
     _put(backend, small, b"tiny")
-    assert [row[2] for row in _parsed(backend, big).trailer.sections] == [None]
+    parsed = _parsed(backend, big)
+    assert [row[2] for row in parsed.trailer.sections] == [
+        xxhash.xxh3_64_intdigest(section) for section in parsed.sections]
     (digest,) = [row[2] for row in _parsed(backend, small).trailer.sections]
     assert isinstance(digest, int)
     reads_in = FileBackend(tmp_path / "c", mmap_threshold=1 << 20)

@@ -165,9 +165,8 @@ def test_in_memory_sections() -> None:
 
 
 class _FileSink:
-    def __init__(self, f: Any, unhashed_from: int | None = None) -> None:
+    def __init__(self, f: Any) -> None:
         self.f = f
-        self.unhashed_from = unhashed_from
 
     def write(self, data: Any) -> None:
         self.f.write(data)
@@ -179,21 +178,27 @@ class _FileSink:
         self.f.seek(here)
 
 
-def test_sections_past_the_sinks_unhashed_mark_carry_no_digest(tmp_path: Path) -> None:
-    """A sink read back through an unchecked map (the File backend's large entries) is spared
-    hashing from the write that makes the entry reach its mark; earlier sections keep theirs."""
+def test_every_section_of_a_large_streamed_entry_carries_a_digest(tmp_path: Path) -> None:
+    """Large sections (hashed on the other core) and streamed ones get digests too, so that a
+    flipped bit in a mapped entry is found where sections are checked (verify=True)."""
     path = tmp_path / "entry.bin"
-    big = bytes(range(256)) * 4
+    big = bytes(range(256)) * (5 << 12)  # 5 MiB: past the size hashed in a helper thread
+
+    def streamed(out: Any) -> None:
+        for _ in range(3):
+            out.write(b"piece")
+
     with open(path, "wb") as f:
-        write_entry(_FileSink(f, unhashed_from=512), KEY, _encoded(b"small", big, b"tail"),
+        write_entry(_FileSink(f), KEY, _encoded(b"small", big, streamed),
                     created=CREATED, expires=EXPIRES)
     data = bytearray(path.read_bytes())
     table = _section_table(data)
-    assert table[0][2] == xxhash.xxh3_64_intdigest(b"small")
-    assert table[1][2] is None and table[2][2] is None
-    assert [bytes(s) for s in parse_entry(data).sections] == [b"small", big, b"tail"]
-    data[table[0][0]] ^= 1  # a hashed section is still checked
-    with pytest.raises(CorruptEntryError, match="section 0 checksum mismatch"):
+    assert [row[2] for row in table] == [xxhash.xxh3_64_intdigest(b) for b in
+                                         (b"small", big, b"piece" * 3)]
+    assert parse_entry(data, check_sections=False).sections[1] == big
+    data[table[1][0] + 3_000_000] ^= 1  # one flipped bit in the large section
+    parse_entry(data, check_sections=False)  # a mapped read does not look (O(1))
+    with pytest.raises(CorruptEntryError, match="section 1 checksum mismatch"):
         parse_entry(data)
 
 

@@ -925,7 +925,9 @@ def test_forged_trailer_with_a_valid_checksum_is_refused(
 
 
 @pytest.mark.usefixtures("no_env_secret")
-def test_arrays_entries_need_no_secret_and_are_never_refused(tmp_path: Path) -> None:
+def test_arrays_entries_need_no_secret_and_a_secret_signs_them(tmp_path: Path) -> None:
+    """Arrays entries need no secret; but a reader with a secret accepts only entries signed
+    with it (issue 20, item 3: a secret authenticates every entry, not only pickled ones)."""
     backend = FileBackend(tmp_path / "cache", mmap_threshold=64)
     calls: list[int] = []
 
@@ -943,11 +945,11 @@ def test_arrays_entries_need_no_secret_and_are_never_refused(tmp_path: Path) -> 
     assert not _signed(entry_path(backend, unsigned_writer, 4))
     signed_reader = make("s3cret")
     assert signed_reader(4)["w"][3, 3] == 4.0
-    assert calls == [4] and signed_reader.cache_info().errors == 0
-    signed_reader(6)  # written by a process with a secret: still unsigned, read by anyone
-    assert not _signed(entry_path(backend, signed_reader, 6))
-    assert make("other")(6)["n"] == 6 and make(None)(6)["n"] == 6
-    assert calls == [4, 6]
+    assert calls == [4, 4] and signed_reader.cache_info().errors == 1  # unsigned: a miss
+    assert _signed(entry_path(backend, signed_reader, 4))  # and stored again, signed
+    assert signed_reader(4)["n"] == 4 and calls == [4, 4]
+    assert make(None)(4)["n"] == 4 and calls == [4, 4]  # no secret: signed entries still read
+    assert make("other")(4)["n"] == 4 and calls == [4, 4, 4]  # another secret: a miss
 
 
 # -- 7. shared backends -------------------------------------------------------------------------

@@ -29,8 +29,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from arrowstash.avro._arrow_map import arrow_type, is_nullable_union
-from arrowstash.avro._np import numpy as np
+from arrowstash.avro.arrow_types import arrow_type, is_nullable_union
+from arrowstash.avro.numpy_import import numpy as np
 from arrowstash.avro.schema import (
     Array,
     AvroType,

@@ -3,7 +3,9 @@
 A URL may carry a password (``redis://:pw@host``, ``redis://user:pw@host``) or a secret query
 parameter (``?password=...``); nothing that leaves a backend object shows either. ``redact``
 rewrites a URL for display; ``Scrubber`` removes a URL's secrets from any text, such as the
-message of an exception a client library raised.
+message of an exception a client library raised. The scheme helpers say what a backend string
+names before any backend is made, so that a mistyped URL is refused instead of becoming a
+folder (``redis//host`` once made ``./redis/host``).
 """
 
 from __future__ import annotations
@@ -123,3 +125,39 @@ def split_hosts(url: str, scheme: str, default_port: int) -> Hosts:
         addresses.append(Address(host.strip("[]") or "127.0.0.1",
                                  int(port) if port else default_port))
     return Hosts(username, password, addresses)
+
+
+#: ``word:`` at the start: a URL scheme (one letter followed by ``:`` is a Windows drive).
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
+#: ``word//`` at the start: a URL whose colon was lost.
+_NO_COLON = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)//")
+
+
+def scheme_of(text: str) -> str:
+    """The lower-case scheme of ``text``, or "" for a path (Windows drives included)."""
+    match = _SCHEME.match(text)
+    return match.group(1).lower() if match else ""
+
+
+def colonless_scheme(text: str) -> str:
+    """The word before a leading ``//`` (``redis//host`` -> "redis"), else ""."""
+    match = _NO_COLON.match(text)
+    return match.group(1).lower() if match else ""
+
+
+def local_path(text: str) -> str:
+    """The folder a FileBackend string names: a path, or a ``file://`` URL's path.
+
+    A string with any other scheme is refused: ``FileBackend("redis://h:6379")`` is a mistake,
+    not a folder named ``redis:``."""
+    scheme = scheme_of(text)
+    if not scheme:
+        return text
+    if scheme != "file":
+        raise ValueError(f"FileBackend takes a folder or a file:// URL, not a {scheme}:// URL "
+                         f"({redact(text)!r}); arrowstash.backends.from_url builds the backend "
+                         "a URL names")
+    path = unquote(urlsplit(text).path)
+    if not path:
+        raise ValueError(f"backend URL {redact(text)!r} names no folder (write file:///path/to/cache)")
+    return path

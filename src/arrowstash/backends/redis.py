@@ -477,6 +477,9 @@ def _connect(url: str, socket_timeout: float, connect_timeout: float,
     if scheme == "redis+cluster":
         hosts = split_hosts(url, scheme, 6379)
         nodes = [cluster.ClusterNode(host, port) for host, port in hosts.addresses]
+        # The cluster client retries timeouts as well as refused connections (each costing a
+        # whole timeout): no retry, a failure counts against that master's breaker instead.
+        options["retry"] = type(retry)(NoBackoff(), 0)
         return cluster.RedisCluster(startup_nodes=nodes, username=hosts.username,
                                     password=hosts.password, **options)
     if scheme not in ("redis", "rediss", "unix"):

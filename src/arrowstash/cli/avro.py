@@ -171,7 +171,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
     import pyarrow as pa
 
     from arrowstash.avro import parse_schema
-    from arrowstash.avro.codec import decode
+    from arrowstash.avro.decoder import decode
     from arrowstash.avro.framing import strip_header
     from arrowstash.cli._output import progress
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from arrowstash import backends
 from arrowstash.backends.base import Backend
 from arrowstash.cli import avro as avro_cli
+from arrowstash.cli import verify as verify_cli
 from arrowstash.cli._output import human_age, human_size, progress
 from arrowstash.entry.format import Key
 from arrowstash.entry.listing import EntryInfo
@@ -139,6 +140,7 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=int, default=5, help="stores per value (3 hits each)")
     bench.set_defaults(run=cmd_bench)
     avro_cli.register(sub)
+    verify_cli.register(sub)
     return p
 
 

@@ -275,7 +275,7 @@ static PyMethodDef stream_methods[] = {
 
 PyTypeObject cd_StreamType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "arrowstash.avro._cdecode.BlockStream",
+    .tp_name = "arrowstash.avro._native._cdecode.BlockStream",
     .tp_basicsize = sizeof(Stream),
     .tp_dealloc = (destructor)stream_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,

@@ -28,7 +28,7 @@ static PyBufferProcs cbuf_as_buffer = {(getbufferproc)cbuf_getbuffer, NULL};
 
 static PyTypeObject CBufType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "arrowstash.avro._cdecode.Buffer",
+    .tp_name = "arrowstash.avro._native._cdecode.Buffer",
     .tp_basicsize = sizeof(CBuf),
     .tp_dealloc = (destructor)cbuf_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -520,7 +520,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_cdecode", "The native Avro decoder (see codec.py).", -1, methods,
+    PyModuleDef_HEAD_INIT, "_cdecode", "The native Avro decoder (see decoder.py).", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__cdecode(void) {

@@ -173,7 +173,7 @@ static PyBufferProcs block_as_buffer = {(getbufferproc)block_getbuffer, NULL};
 
 static PyTypeObject BlockType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "arrowstash.avro._cencode.Block",
+    .tp_name = "arrowstash.avro._native._cencode.Block",
     .tp_basicsize = sizeof(Block),
     .tp_dealloc = (destructor)block_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from arrowstash.avro._encode_plan import (
+from arrowstash.avro.encode_plan import (
     K_ARRAY,
     K_BINARY,
     K_BOOL,

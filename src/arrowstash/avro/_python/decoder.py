@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from arrowstash.avro import _plan as P
+import arrowstash.avro.decode_plan as P
 
 __all__ = ["DecodeFailure", "decode_segments"]
 

@@ -32,7 +32,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from arrowstash.avro._arrow_map import arrow_type, is_nullable_union, union_child_name
+from arrowstash.avro.arrow_types import arrow_type, is_nullable_union, union_child_name
 from arrowstash.avro.schema import (
     Array,
     AvroType,

@@ -1,10 +1,10 @@
 """Decode Avro datums straight into one Arrow record batch.
 
-``decode`` takes one datum per message (Kafka and the like), ``decode_blocks`` several datums back
-to back per block (an Object Container File's blocks after decompression). Both run the native
-decoder (``arrowstash.avro._cdecode``: no Python object per value, GIL released, messages split
-across threads) when it is built, else the pure-Python one; both give the same batches and the
-same errors. ``ARROWSTASH_AVRO_NATIVE=0`` forces the pure-Python decoder.
+``decode`` takes one datum per message (Kafka and the like), ``decode_blocks`` several datums
+back to back per block (an Object Container File's blocks after decompression). Both run the
+native decoder (``_native._cdecode``: no Python object per value, GIL released, messages split
+across threads) when it is built, else the pure-Python one (``_python.decoder``); both give the
+same batches and the same errors. ``ARROWSTASH_AVRO_NATIVE=0`` forces the pure-Python decoder.
 """
 
 from __future__ import annotations
@@ -12,23 +12,24 @@ from __future__ import annotations
 import functools
 import importlib
 import itertools
-import os
 from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pyarrow as pa
 
-from arrowstash.avro import _plan
-from arrowstash.avro._decode import DecodeFailure, decode_segments
+import arrowstash.avro.decode_plan as decode_plan
+from arrowstash import config
+from arrowstash.avro._python.decoder import DecodeFailure, decode_segments
 from arrowstash.avro.schema import Schema, SchemaLike, parse_schema
+from arrowstash.avro.threads import thread_count
 from arrowstash.errors import AvroDecodeError
 
 __all__ = ["decode", "decode_blocks", "native_available"]
 
 _cdecode: Any
 try:  # the compiled decoder; absent where the package was installed without a compiler
-    _cdecode = importlib.import_module("arrowstash.avro._cdecode")
+    _cdecode = importlib.import_module("arrowstash.avro._native._cdecode")
 except ImportError:  # pragma: no cover - depends on the build
     _cdecode = None
 
@@ -45,19 +46,18 @@ _NO_IDS = pa.array([], pa.int32())
 
 def native_available() -> bool:
     """Whether the C decoder is built and not disabled by ``ARROWSTASH_AVRO_NATIVE=0``."""
-    return _cdecode is not None and os.environ.get("ARROWSTASH_AVRO_NATIVE", "1") != "0"
+    return _cdecode is not None and config.avro_native()
 
 
 def native_inflate_available() -> bool:
     """Whether the C decoder can inflate deflate blocks itself: it is built and the system has
     libdeflate, and ``ARROWSTASH_AVRO_LIBDEFLATE=0`` does not turn that off."""
-    return (native_available() and os.environ.get("ARROWSTASH_AVRO_LIBDEFLATE", "1") != "0"
-            and bool(_cdecode.native_inflate()))
+    return native_available() and config.avro_libdeflate() and bool(_cdecode.native_inflate())
 
 
 @functools.lru_cache(maxsize=64)
-def _compiled(schema: Schema) -> _plan.Plan:
-    return _plan.compile_plan(schema)
+def _compiled(schema: Schema) -> decode_plan.Plan:
+    return decode_plan.compile_plan(schema)
 
 
 def decode(
@@ -117,7 +117,7 @@ def decode_blocks(
     segments = [(b, int(n)) for b, n in blocks]
     if any(n < 0 for _, n in segments):
         raise ValueError("block counts must not be negative")
-    nthreads = _threads(threads)
+    nthreads = thread_count(threads)
     if native_available():
         buffers = [b for b, _ in segments]
         counts = [n for _, n in segments]
@@ -126,7 +126,7 @@ def decode_blocks(
         columns, _ = _native_result(plan, result, blocks=True)
     else:
         columns, _ = _python(plan, segments, validate_utf8, False, blocks=True)
-    return _plan.assemble(plan, columns)
+    return decode_plan.assemble(plan, columns)
 
 
 def decode_stream(
@@ -155,7 +155,7 @@ def decode_stream(
         if not stream.feed(buffers, counts, left):
             return None
     columns = stream.finish()
-    return None if columns is None else _plan.assemble(plan, columns)
+    return None if columns is None else decode_plan.assemble(plan, columns)
 
 
 def decode_deflated(
@@ -170,7 +170,7 @@ def decode_deflated(
     if not stream.feed(blocks, counts, 0):
         return None
     columns = stream.finish()
-    return None if columns is None else _plan.assemble(plan, columns)
+    return None if columns is None else decode_plan.assemble(plan, columns)
 
 
 def scan_blocks(data: Any, pos: int, sync: bytes) -> tuple[memoryview, int] | None:
@@ -195,7 +195,7 @@ def decode_messages(
     """``decode`` without resolution: the writer's batch and the Confluent ids (int32, empty
     without ``confluent``). ``native=False`` forces the pure-Python decoder (tests compare)."""
     plan = _compiled(schema)
-    nthreads = _threads(threads)
+    nthreads = thread_count(threads)
     if native if native is not None else native_available():
         if _cdecode is None:
             raise RuntimeError("the native Avro decoder is not built")
@@ -206,20 +206,9 @@ def decode_messages(
             pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(id_buffer)])
             if confluent else _NO_IDS
         )
-        return _plan.assemble(plan, columns), ids
+        return decode_plan.assemble(plan, columns), ids
     columns, id_list = _python(plan, _segments(messages), validate_utf8, confluent, blocks=False)
-    return _plan.assemble(plan, columns), pa.array(id_list, pa.int32())
-
-
-def _threads(threads: int | None) -> int:
-    if threads is None:
-        try:
-            return len(os.sched_getaffinity(0))
-        except AttributeError:  # pragma: no cover - not Linux
-            return os.cpu_count() or 1
-    if not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be a positive int or None, not {threads!r}")
-    return threads
+    return decode_plan.assemble(plan, columns), pa.array(id_list, pa.int32())
 
 
 def _segments(messages: Any) -> list[tuple[Any, int]]:
@@ -262,7 +251,7 @@ def _array_segments(array: pa.Array) -> list[tuple[Any, int]]:
 
 
 def _native_call(
-    plan: _plan.Plan, messages: Any, nthreads: int, validate_utf8: bool, confluent: bool
+    plan: decode_plan.Plan, messages: Any, nthreads: int, validate_utf8: bool, confluent: bool
 ) -> Any:
     """Hand the messages to the C decoder in place: an array's buffers, a buffer and its
     offsets, or the list itself (the C side takes each item's memory through the buffer
@@ -294,16 +283,16 @@ def _native_call(
     return _cdecode.decode_list(plan.native, messages, None, *args)
 
 
-def _native_result(plan: _plan.Plan, result: Any, *, blocks: bool) -> tuple[Any, Any]:
+def _native_result(plan: decode_plan.Plan, result: Any, *, blocks: bool) -> tuple[Any, Any]:
     if result[0] == 0:
         return result[1], result[2]
     _, code, segment, datum, offset, node, detail = result
-    message = _plan.error_message(plan, code, segment, datum, offset, node, detail, blocks)
+    message = decode_plan.error_message(plan, code, segment, datum, offset, node, detail, blocks)
     raise AvroDecodeError(message)
 
 
 def _python(
-    plan: _plan.Plan,
+    plan: decode_plan.Plan,
     segments: list[tuple[Any, int]],
     validate_utf8: bool,
     confluent: bool,
@@ -313,7 +302,7 @@ def _python(
     try:
         return decode_segments(plan, segments, validate_utf8=validate_utf8, confluent=confluent)
     except DecodeFailure as exc:
-        message = _plan.error_message(
+        message = decode_plan.error_message(
             plan, exc.code, exc.segment, exc.datum, exc.offset, exc.node, exc.detail, blocks
         )
         raise AvroDecodeError(message) from None

@@ -6,18 +6,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from arrowstash.avro.schema import (
-    Array,
-    AvroType,
-    Enum,
-    Fixed,
-    Map,
-    Primitive,
-    Record,
-    SchemaLike,
-    Union,
-    parse_schema,
-)
+from arrowstash.avro.types import Array, AvroType, Enum, Fixed, Map, Primitive, Record, Union
 from arrowstash.errors import AvroSchemaError
 
 __all__ = ["arrow_schema", "arrow_type", "is_nullable_union", "union_child_name"]
@@ -45,16 +34,15 @@ _LOGICAL = {
 }
 
 
-def arrow_schema(schema: SchemaLike) -> Any:
-    """The ``pyarrow.Schema`` of what ``schema`` decodes to: a record's fields become the columns,
-    any other type one column named ``value``. The metadata keeps the Avro schema's JSON."""
-    parsed = parse_schema(schema)
-    root = parsed.root
+def arrow_schema(root: AvroType, json: str) -> Any:
+    """The ``pyarrow.Schema`` of what a schema (its parsed ``root`` type, its ``json``) decodes
+    to: a record's fields become the columns, any other type one column named ``value``. The
+    metadata keeps the Avro schema's JSON."""
     if isinstance(root, Record):
         fields = [_field(f.name, f.type, (root.name,)) for f in root.fields]
     else:
         fields = [_field("value", root, ())]
-    return pa.schema(fields, metadata={"avro.schema": parsed.json})
+    return pa.schema(fields, metadata={"avro.schema": json})
 
 
 def is_nullable_union(t: AvroType) -> bool:
