@@ -421,10 +421,6 @@ static void release_views(Views *v) {
     free(v->views);
 }
 
-/* How far ahead the list's items are asked for: they are separate objects spread over the
- * heap, and each one's header is read for its size. */
-#define LIST_PREFETCH 8
-
 /* decode_list(plan, messages, counts_or_None, nthreads, validate_utf8, confluent, min_bytes):
  * each bytes message is read in place (its pointer and size taken under the GIL, the object
  * held by a tuple until the decode is done); other bytes-like messages through the buffer
@@ -457,7 +453,6 @@ static PyObject *decode_list(PyObject *self, PyObject *args) {
     PyObject **item = &PyTuple_GET_ITEM(items, 0);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *m = item[i];
-        if (i + LIST_PREFETCH < n) __builtin_prefetch(item[i + LIST_PREFETCH]);
         Seg *seg = &segs[i];
         seg->count = 1;
         if (counts != Py_None) {
