@@ -127,3 +127,16 @@ def test_a_truncated_entry_is_a_logged_miss(name: str, cut: float) -> None:
     value, _ = fn._core.load_entry(key, Stored(memoryview(bytearray(data[:keep]))), True)
     assert value is MISSING
     assert fn.cache_info().errors == 1
+
+
+def test_a_damaged_pickle_asking_for_huge_memory_is_our_error() -> None:
+    """Found by the test above: one flipped bit in a pickled frame's stream made pickle ask for
+    more memory than the machine has; that is a damaged entry, not a MemoryError."""
+    serializer = _make("buffers")
+    encoded = materialize(serializer.encode(CASES["buffers"][0]()))
+    stream = bytearray(memoryview(encoded.sections[0]).cast("B"))
+    stream[198] ^= 1
+    try:
+        serializer.decode(encoded.meta, [memoryview(stream)])
+    except ArrowstashError:
+        pass

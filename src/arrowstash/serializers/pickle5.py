@@ -60,6 +60,7 @@ class BufferSerializer:
         try:
             return pickle.loads(sections[0], buffers=sections[1:])
         except (pickle.UnpicklingError, EOFError, ValueError, IndexError, ImportError,
-                AttributeError, TypeError, RecursionError) as exc:
-            # also: the pickled class no longer exists, or no longer takes what was pickled
+                AttributeError, TypeError, RecursionError, MemoryError) as exc:
+            # also: the pickled class no longer exists, or no longer takes what was pickled;
+            # MemoryError: a damaged length asked for more memory than the machine has
             raise CorruptEntryError(f"unreadable pickle: {exc}") from exc
