@@ -8,32 +8,33 @@ pyproject.toml.
 
 from setuptools import Extension, setup
 
+NATIVE = "src/arrowstash/avro/_native"
+
 setup(
     ext_modules=[
         Extension(
-            "arrowstash.avro._cdecode",
+            "arrowstash.avro._native._cdecode",
             [
-                "src/arrowstash/avro/_cdecode.c",
-                "src/arrowstash/avro/_cdecode_values.c",
-                "src/arrowstash/avro/_cdecode_batch.c",
-                "src/arrowstash/avro/_cdecode_blocks.c",
+                f"{NATIVE}/_cdecode.c",
+                f"{NATIVE}/_cdecode_values.c",
+                f"{NATIVE}/_cdecode_batch.c",
+                f"{NATIVE}/_cdecode_blocks.c",
             ],
-            depends=["src/arrowstash/avro/_cdecode.h", "src/arrowstash/avro/_pool.h",
-                     "src/arrowstash/avro/_reuse.h"],
+            depends=[f"{NATIVE}/_cdecode.h", f"{NATIVE}/_pool.h", f"{NATIVE}/_reuse.h",
+                     f"{NATIVE}/_utf8.h"],
             extra_compile_args=["-O3", "-pthread", "-Wall", "-Wno-missing-field-initializers"],
             extra_link_args=["-pthread"],
             libraries=["dl"],  # dlopen: libdeflate, where the system has it
             optional=True,
         ),
         Extension(
-            "arrowstash.avro._cencode",
+            "arrowstash.avro._native._cencode",
             [
-                "src/arrowstash/avro/_encode.c",
-                "src/arrowstash/avro/_encode_rows.c",
-                "src/arrowstash/avro/_encode_bind.c",
+                f"{NATIVE}/_encode.c",
+                f"{NATIVE}/_encode_rows.c",
+                f"{NATIVE}/_encode_bind.c",
             ],
-            depends=["src/arrowstash/avro/_encode.h", "src/arrowstash/avro/_pool.h",
-                     "src/arrowstash/avro/_reuse.h"],
+            depends=[f"{NATIVE}/_encode.h", f"{NATIVE}/_pool.h", f"{NATIVE}/_reuse.h"],
             extra_compile_args=["-O3", "-pthread", "-Wall", "-Wno-missing-field-initializers"],
             extra_link_args=["-pthread"],
             optional=True,

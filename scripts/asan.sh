@@ -23,10 +23,10 @@ export LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export PYTHONPATH="$scratch/src" ARROWSTASH_FUZZ_EXAMPLES=${ARROWSTASH_FUZZ_EXAMPLES:-2000}
-"$py" -c "import arrowstash.avro._cdecode as d, sys; assert d.__file__.startswith('$scratch'), d"
+"$py" -c "import arrowstash.avro._native._cdecode as d, sys; assert d.__file__.startswith('$scratch'), d"
 if [ $# -eq 0 ]; then
-    set -- tests/test_avro_native.py tests/test_avro_skip.py tests/test_avro_encode.py \
-        tests/test_avro_encode_defaults.py tests/test_avro_fuzz.py tests/test_avro_ocf.py
+    set -- tests/avro/test_avro_native.py tests/avro/test_avro_skip.py tests/avro/test_avro_encode.py \
+        tests/avro/test_avro_encode_defaults.py tests/avro/test_avro_fuzz.py tests/avro/test_avro_ocf.py
 fi
 # blocks come from malloc under ASan (it checks them), not from huge-page mappings
 "$py" -m pytest -q -p no:cacheprovider -k "not huge_pages" "$@"

@@ -14,7 +14,7 @@ from typing import Any
 import fastavro
 import pyarrow as pa
 
-from arrowstash.avro._arrow_map import arrow_type, is_nullable_union, union_child_name
+from arrowstash.avro.arrow_types import arrow_type, is_nullable_union, union_child_name
 from arrowstash.avro.schema import Array, AvroType, Enum, Fixed, Map, Primitive, Record, Schema
 from arrowstash.avro.schema import Union as AvroUnion
 

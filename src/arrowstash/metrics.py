@@ -26,6 +26,7 @@ from arrowstash.caching.logs import backend_name
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
+    from arrowstash.backends.base import Breakered
     from arrowstash.caching.pipeline import Core
 
 __all__ = ["BUCKETS", "disable", "enable", "enabled"]
@@ -168,8 +169,8 @@ class _Collector:
                 for family, hist in ((backend_hit, meter.hits), (miss, meter.misses),
                                      (store, meter.stores)):
                     family.add_metric(labels, _cumulative(hist), hist.total)
-            state = getattr(getattr(core.backend, "breaker", None), "state", None)
-            if state is not None:
+            if core.backend is not None and core.backend.capabilities.breaker:
+                state = cast("Breakered", core.backend).breaker.state
                 for name in BREAKER_STATES:
                     breaker.add_metric([*labels, name], float(state == name))
         yield from (hits, misses, stores, errors, read, written, refreshes, hit_time,

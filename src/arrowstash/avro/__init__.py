@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from arrowstash.avro.codec import decode, decode_blocks
+from arrowstash.avro.decoder import decode, decode_blocks
 from arrowstash.avro.encoder import encode
 from arrowstash.avro.from_arrow import from_arrow_schema
 from arrowstash.avro.schema import (

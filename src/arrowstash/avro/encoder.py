@@ -4,22 +4,17 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
 
-from arrowstash.avro import _encode
-from arrowstash.avro._encode_plan import (
-    K_RECORD,
-    Node,
-    Plan,
-    PlanError,
-    compile_plan,
-    same_layout,
-)
+import arrowstash.avro._python.encoder as _encode
+from arrowstash import config
+from arrowstash.avro.encode_nodes import K_RECORD, Node, PlanError
+from arrowstash.avro.encode_plan import Plan, compile_plan, same_layout
 from arrowstash.avro.schema import Schema, SchemaLike, parse_schema
+from arrowstash.avro.threads import thread_count
 from arrowstash.errors import AvroEncodeError
 
 __all__ = ["encode"]
@@ -35,7 +30,7 @@ def encode(data: Any, schema: SchemaLike, *, threads: int | None = None) -> Any:
     takes its fields from the columns of the same name (extra columns are ignored); any other
     schema encodes the single column. Columns may hold the types of the Arrow mapping or
     compatible ones (other integer widths, large or view strings, other time units, plain or
-    dictionary strings for enums...: see ``arrowstash.avro._encode_plan``).
+    dictionary strings for enums...: see ``arrowstash.avro.encode_plan``).
 
     Returns a ``pa.BinaryArray`` whose data buffer is the datums back to back, so they can be
     framed or written to an Object Container File without copying (a ``pa.LargeBinaryArray``
@@ -83,7 +78,7 @@ def _scratch_guess(arrays: Sequence[Any], rows: int) -> int:
 
 _cencode: Any
 try:  # the compiled encoder; absent where the package was installed without a compiler
-    _cencode = importlib.import_module("arrowstash.avro._cencode")
+    _cencode = importlib.import_module("arrowstash.avro._native._cencode")
 except ImportError:  # pragma: no cover - depends on the build
     _cencode = None
 
@@ -122,17 +117,13 @@ def _normalized(plan: Plan, batches: Sequence[Any]) -> list[Any]:
 
 def _native() -> Any:
     """The native encoder, or None when it is not built or ``ARROWSTASH_AVRO_NATIVE=0``."""
-    if os.environ.get("ARROWSTASH_AVRO_NATIVE", "1") == "0":
+    if not config.avro_native():
         return None
     return _cencode
 
 
 def _thread_count(threads: int | None, rows: int) -> int:
-    if threads is None:
-        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-    elif threads < 1:
-        raise ValueError(f"threads must be at least 1, got {threads}")
-    return max(1, min(threads, rows // _MIN_ROWS_PER_THREAD))
+    return max(1, min(thread_count(threads), rows // _MIN_ROWS_PER_THREAD))
 
 
 def _batches(data: Any) -> list[Any]:

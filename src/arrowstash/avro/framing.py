@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
-from arrowstash.avro._np import numpy as np
+from arrowstash.avro.numpy_import import numpy as np
 from arrowstash.errors import AvroDecodeError
 
 __all__ = ["FRAMINGS", "Framing", "Unframed", "add_header", "ids_of", "strip_header"]

@@ -28,8 +28,7 @@ from typing import IO, Any, BinaryIO, TypeAlias, cast
 
 import pyarrow as pa
 
-from arrowstash.avro._np import numpy as np
-from arrowstash.avro.codec import (
+from arrowstash.avro.decoder import (
     decode_blocks,
     decode_deflated,
     decode_stream,
@@ -39,8 +38,10 @@ from arrowstash.avro.codec import (
 from arrowstash.avro.encoder import encode
 from arrowstash.avro.framing import offsets_and_data
 from arrowstash.avro.from_arrow import from_arrow_schema
+from arrowstash.avro.numpy_import import numpy as np
 from arrowstash.avro.resolve import pruned, resolve
 from arrowstash.avro.schema import Record, Schema, parse_schema
+from arrowstash.avro.threads import thread_count
 from arrowstash.errors import AvroDecodeError, AvroSchemaError
 
 __all__ = ["CODECS", "Header", "header_of", "read_header", "read_ocf", "write_ocf"]
@@ -344,15 +345,6 @@ def _open(source: Source) -> pa.Buffer:
     return pa.py_buffer(source.read())
 
 
-def _threads(threads: int | None) -> int:
-    if threads is None:
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-            os.cpu_count() or 1)
-    if threads < 1:
-        raise ValueError(f"threads must be at least 1, not {threads}")
-    return threads
-
-
 def read_ocf(source: Source, *, threads: int | None = None,
              columns: Sequence[str] | None = None, reader_schema: Any = None) -> pa.Table:
     """Read an Object Container File into a table.
@@ -377,7 +369,7 @@ def read_ocf(source: Source, *, threads: int | None = None,
     if reader is not None:  # the fields the reader drops are read past, never decoded
         writer = pruned(writer, reader)
     blocks, broken = _blocks(data, header)
-    workers = _threads(threads)
+    workers = thread_count(threads)
     batches = None
     if broken is None and codec != "null" and blocks:
         batches = _read_runs(codec, blocks, writer, workers)
@@ -541,7 +533,7 @@ def write_ocf(table: pa.Table | pa.RecordBatch, destination: Destination, schema
     if isinstance(table, pa.RecordBatch):
         table = pa.Table.from_batches([table])
     parsed = from_arrow_schema(table) if schema is None else parse_schema(schema)
-    workers = _threads(threads)
+    workers = thread_count(threads)
     encoded = encode(table, parsed, threads=workers)
     offsets, payload = offsets_and_data(encoded)
     bounds = _block_bounds(offsets, block_bytes)

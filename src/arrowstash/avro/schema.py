@@ -2,7 +2,7 @@
 
 ``parse_schema`` accepts what users hold (a JSON string, a dict, a list for a union, or an already
 parsed ``Schema``) and resolves named types, namespaces and aliases once, so the decoder and the
-encoder walk plain objects instead of JSON (the type classes live in ``_types.py`` and are
+encoder walk plain objects instead of JSON (the type classes live in ``types.py`` and are
 re-exported here). Logical types that are unknown or invalid are dropped to their underlying
 type, as the specification requires; their attributes stay in ``props``.
 """
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from arrowstash.avro._types import (
+from arrowstash.avro.types import (
     Array,
     AvroType,
     Enum,
@@ -105,9 +105,9 @@ class Schema:
     def arrow_schema(self) -> Any:
         """The ``pyarrow.Schema`` of the batches this schema decodes to."""
         if self._arrow is None:
-            from arrowstash.avro._arrow_map import arrow_schema
+            from arrowstash.avro.arrow_types import arrow_schema
 
-            object.__setattr__(self, "_arrow", arrow_schema(self))
+            object.__setattr__(self, "_arrow", arrow_schema(self.root, self.json))
         return self._arrow
 
 

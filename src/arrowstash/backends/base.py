@@ -48,6 +48,9 @@ class Capabilities:
     native_ttl: bool
     #: ``aget``/``aset``/``alock`` exist: an :class:`AsyncBackend`.
     async_io: bool = False
+    #: The backend guards its store with a circuit breaker, whose state is ``breaker.state``
+    #: (a :class:`Breakered`): metrics export it.
+    breaker: bool = False
 
 
 class Held(IntEnum):
@@ -120,6 +123,17 @@ class Backend(Protocol):
 
     def lock(self, key: Key, timeout: float) -> AbstractContextManager[Held]:
         """Hold the stampede lock of ``key``, or give up after ``timeout`` (Held.TIMEOUT)."""
+
+
+class BreakerState(Protocol):
+    @property
+    def state(self) -> str: ...
+
+
+class Breakered(Backend, Protocol):
+    """A backend declaring ``capabilities.breaker``."""
+
+    breaker: BreakerState
 
 
 @runtime_checkable

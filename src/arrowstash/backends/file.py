@@ -21,6 +21,7 @@ from typing import Any
 import xxhash
 
 from arrowstash.backends._mmap import map_private
+from arrowstash.backends._urls import local_path
 from arrowstash.backends.base import Capabilities, Held, Stored, take_lock
 from arrowstash.entry.format import ALIGN, EntryWriter, Key
 from arrowstash.entry.listing import EntryInfo, describe_file
@@ -81,6 +82,8 @@ class FileBackend:
     ) -> None:
         if max_bytes is not None and max_bytes <= 0:
             raise ValueError(f"max_bytes must be positive or None, not {max_bytes!r}")
+        if isinstance(directory, str):  # a path or file://, never redis://host as a folder
+            directory = local_path(directory)
         self.directory = Path(directory).expanduser().absolute()
         self.max_bytes = max_bytes
         self.durable = durable

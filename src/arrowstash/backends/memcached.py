@@ -13,12 +13,12 @@ import secrets
 import time
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
 import xxhash
 
 from arrowstash.backends._breaker import Breaker
 from arrowstash.backends._chunks import chunk_names, join, pack_manifest, read_manifest
+from arrowstash.backends._urls import Scrubber, split_hosts
 from arrowstash.backends.base import Capabilities, Held, Stored, take_lock
 from arrowstash.entry.format import EntryWriter, Key
 from arrowstash.entry.listing import EntryInfo
@@ -47,7 +47,7 @@ class MemcachedBackend:
     #: Memcached cannot enumerate keys: no listing, and clear() hides entries behind a new
     #: generation without counting them.
     capabilities = Capabilities(shared=True, remote=True, streams_writes=False, maps_reads=False,
-                                lists_entries=False, native_ttl=True)
+                                lists_entries=False, native_ttl=True, breaker=True)
 
     def __init__(
         self,
@@ -61,9 +61,10 @@ class MemcachedBackend:
         breaker_cooldown: float = 5.0,
         encrypt: bool = False,
     ) -> None:
+        scrub = Scrubber(servers if isinstance(servers, str) else "")
         if isinstance(servers, str):
-            self.url = servers
             servers = _parse(servers)
+            self.url = "memcached://" + ",".join(f"{h}:{p}" for h, p in servers)
         else:
             self.url = "memcached://" + ",".join(f"{h}:{p}" for h, p in servers)
         if not servers:
@@ -89,7 +90,7 @@ class MemcachedBackend:
         # Room for the key and the item header inside memcached's default 1 MiB slab.
         self.chunk_bytes = item_bytes - 1024
         self.encrypt = encrypt
-        self.breaker = Breaker(breaker_failures, breaker_cooldown)
+        self.breaker = Breaker(breaker_failures, breaker_cooldown, scrub)
 
     def __repr__(self) -> str:
         return f"MemcachedBackend({self.url!r})"
@@ -233,11 +234,8 @@ class MemcachedBackend:
 
 
 def _parse(url: str) -> list[tuple[str, int]]:
-    parts = urlsplit(url)
-    if parts.scheme != "memcached":
-        raise ValueError(f"not a memcached URL: {url!r}")
-    servers = []
-    for address in parts.netloc.split(","):
-        host, _, port = address.rpartition(":")
-        servers.append((host or "127.0.0.1", int(port or 11211)))
-    return servers
+    hosts = split_hosts(url, "memcached", 11211)
+    if hosts.username is not None or hosts.password is not None:
+        raise ValueError("memcached:// URLs take no user or password (the memcached text "
+                         "protocol has no authentication): remove them from the URL")
+    return [(address.host, address.port) for address in hosts.addresses]

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from arrowstash.backends._breaker import Breaker
 from arrowstash.backends._chunks import MANIFEST, chunk_names, join, pack_manifest, read_manifest
+from arrowstash.backends._urls import Scrubber, redact, split_hosts
 from arrowstash.backends.base import Capabilities, Held, Stored, atake_lock, take_lock
 from arrowstash.entry.format import ALIGN, EntryWriter, Key, manifest_ends
 from arrowstash.entry.listing import EntryInfo, describe, trailer_offset
@@ -100,14 +101,18 @@ class RedisBackend:
     """``RedisBackend("redis://host:6379/0")``, ``"rediss://..."``, ``"unix:///path?db=0"``,
     ``"redis+cluster://h1:p1,h2:p2"``, or a ready ``redis.Redis``/``RedisCluster`` client.
 
-    Timeouts are short by default: a slow or absent server must cost a call little. After
-    ``breaker_failures`` consecutive failures the backend is skipped for ``breaker_cooldown``
-    seconds, then probed again. ``encrypt=True`` makes every cached function using this backend
-    encrypt its entries (docs/encryption.md).
+    Timeouts are short by default and a command is retried at most once, after a refused or
+    dropped connection (never after a timeout): a slow or absent server must cost a call little.
+    After ``breaker_failures`` consecutive failures the server is skipped for
+    ``breaker_cooldown`` seconds, then probed again; a Cluster keeps one breaker per master, so
+    a dead master costs only the keys it holds. The URL's password never appears in the
+    backend's repr, stats or errors (see docs/network-security.md). ``encrypt=True`` makes
+    every cached function using this backend encrypt its entries (docs/encryption.md).
     """
 
     capabilities = Capabilities(shared=True, remote=True, streams_writes=False, maps_reads=False,
-                                lists_entries=True, native_ttl=True, async_io=True)
+                                lists_entries=True, native_ttl=True, async_io=True,
+                                breaker=True)
 
     def __init__(
         self,
@@ -124,20 +129,24 @@ class RedisBackend:
         if chunk_bytes < 1024:
             raise ValueError(f"chunk_bytes must be at least 1024, not {chunk_bytes!r}")
         redis = _redis()
-        self._errors = (redis.RedisError, OSError)
+        self._errors = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
         self._timeouts = (socket_timeout, connect_timeout)
         self._from_url = isinstance(url_or_client, str)
-        if isinstance(url_or_client, str):
-            self.url = url_or_client
-            self._client = _connect(url_or_client, socket_timeout, connect_timeout)
-        else:
-            self.url = repr(url_or_client)
-            self._client = url_or_client
+        raw = url_or_client if isinstance(url_or_client, str) else repr(url_or_client)
+        self._url = raw  # with its password: only ever handed to the client
+        self.url = redact(raw)
+        scrub = Scrubber(raw)
+        self._client: Any = url_or_client
+        if self._from_url:
+            try:
+                self._client = _connect(raw, socket_timeout, connect_timeout)
+            except ValueError as exc:  # redis-py's URL parser may quote the URL
+                raise ValueError(scrub(str(exc))) from None
         self.cluster = isinstance(self._client, redis.cluster.RedisCluster)
         self.prefix = _part(prefix)
         self.chunk_bytes = chunk_bytes
         self.encrypt = encrypt
-        self.breaker = Breaker(breaker_failures, breaker_cooldown)
+        self.breaker = Breaker(breaker_failures, breaker_cooldown, scrub)
         self._conn = _Conn(self._client, self._client.register_script(_SWAP),
                            self._client.register_script(_RELEASE))
         # redis.asyncio clients belong to the event loop they first ran on: one per loop
@@ -148,19 +157,30 @@ class RedisBackend:
     def __repr__(self) -> str:
         return f"RedisBackend({self.url!r})"
 
-    def _call(self, what: str) -> contextlib.AbstractContextManager[None]:
-        """The boundary: every redis-py error becomes a BackendError, and feeds the breaker."""
-        return self.breaker.guard(f"redis {what}", self._errors)
+    def _call(self, what: str, key: Key | None = None) -> contextlib.AbstractContextManager[None]:
+        """The boundary: every redis-py error becomes a BackendError, and feeds the breaker (of
+        the master holding ``key``, on a Cluster)."""
+        return self._breaker(key).guard(f"redis {what}", self._errors)
+
+    def _breaker(self, key: Key | None) -> Breaker:
+        if not self.cluster or key is None:
+            return self.breaker
+        try:
+            client = self._client
+            node = client.nodes_manager.get_node_from_slot(client.keyslot(self._name(key)))
+        except self._errors:  # no slot map yet: the cluster-wide breaker decides
+            return self.breaker
+        return self.breaker.node(node.name)
 
     def _name(self, key: Key) -> str:
         return f"{self.prefix}:{_part(key.namespace)}:{_part(key.function)}:{{{key.hex}}}"
 
     def get(self, key: Key) -> Stored | None:
-        return self._run("get", self._get_steps(key))
+        return self._run("get", self._get_steps(key), key)
 
     async def aget(self, key: Key) -> Stored | None:
         """``get`` on redis.asyncio, for async functions (see :meth:`_aconn`)."""
-        return await self._arun("get", self._get_steps(key))
+        return await self._arun("get", self._get_steps(key), key)
 
     def _get_steps(self, key: Key) -> Steps[Stored | None]:
         name = self._name(key)
@@ -180,8 +200,8 @@ class RedisBackend:
 
     # -- running an operation on either client ------------------------------------------------
 
-    def _run(self, what: str, steps: Steps[T]) -> T:
-        with self._call(what):
+    def _run(self, what: str, steps: Steps[T], key: Key | None = None) -> T:
+        with self._call(what, key):
             try:
                 step = next(steps)
                 while True:
@@ -190,11 +210,11 @@ class RedisBackend:
                 result: T = done.value
                 return result
 
-    async def _arun(self, what: str, steps: Steps[T]) -> T:
+    async def _arun(self, what: str, steps: Steps[T], key: Key | None = None) -> T:
         conn = self._aconns.get(asyncio.get_running_loop()) or await self._aconn(what)
         if conn is None:  # no URL to open an async client with: the sync one, in a thread
-            return await asyncio.to_thread(self._run, what, steps)
-        with self._call(what):
+            return await asyncio.to_thread(self._run, what, steps, key)
+        with self._call(what, key):
             try:
                 step = next(steps)
                 while True:
@@ -218,7 +238,7 @@ class RedisBackend:
         async with opening:
             conn = self._aconns.get(loop)
             if conn is None:
-                client = _connect(self.url, *self._timeouts, asynchronous=True)
+                client = _connect(self._url, *self._timeouts, asynchronous=True)
                 if self.cluster:
                     with self._call(what):
                         await client.initialize()
@@ -241,7 +261,7 @@ class RedisBackend:
         px = _px(entry.expires)
         if px is None:
             return 0  # expired before it could be stored
-        self._run("set", self._set_steps(entry.key, data, px))
+        self._run("set", self._set_steps(entry.key, data, px), entry.key)
         return data.nbytes
 
     async def aset(self, entry: EntryWriter) -> int:
@@ -253,7 +273,7 @@ class RedisBackend:
         px = _px(entry.expires)
         if px is None:
             return 0
-        await self._arun("set", self._set_steps(entry.key, data, px))
+        await self._arun("set", self._set_steps(entry.key, data, px), entry.key)
         return data.nbytes
 
     def _set_steps(self, key: Key, data: memoryview, px: str) -> Steps[None]:
@@ -286,7 +306,7 @@ class RedisBackend:
             yield lambda c: c.client.unlink(*names)  # one hash tag: one slot, one command
 
     def delete(self, key: Key) -> bool:
-        return self._run("delete", self._delete_steps(key))
+        return self._run("delete", self._delete_steps(key), key)
 
     def _delete_steps(self, key: Key) -> Steps[bool]:
         name = self._name(key)
@@ -351,9 +371,12 @@ class RedisBackend:
 
     def stats(self) -> dict[str, Any]:
         entries = list(self.entries())
-        return {"backend": "redis", "url": self.url, "cluster": self.cluster,
-                "entries": len(entries), "bytes": sum(e.size for e in entries),
-                "breaker": self.breaker.state, "server": self._server_counters()}
+        stats = {"backend": "redis", "url": self.url, "cluster": self.cluster,
+                 "entries": len(entries), "bytes": sum(e.size for e in entries),
+                 "breaker": self.breaker.state, "server": self._server_counters()}
+        if self.cluster:
+            stats["open_nodes"] = self.breaker.open_nodes()
+        return stats
 
     def _server_counters(self) -> dict[str, int]:
         """The server's own counters (of every client, not only ours), summed over nodes."""
@@ -369,13 +392,14 @@ class RedisBackend:
     def lock(self, key: Key, timeout: float) -> Iterator[Held]:
         """``SET lock token NX PX``: expires if its owner dies, released only by its owner."""
         name, token, ttl_ms = self._lock_name(key), secrets.token_hex(16), _lock_ms(timeout)
-        held = take_lock(lambda: self._run("lock", self._take(name, token, ttl_ms)), timeout)
+        held = take_lock(lambda: self._run("lock", self._take(name, token, ttl_ms), key),
+                         timeout)
         try:
             yield held
         finally:
             if held:
                 with contextlib.suppress(BackendError):
-                    self._run("unlock", self._give_back(name, token))
+                    self._run("unlock", self._give_back(name, token), key)
 
     @contextlib.asynccontextmanager
     async def alock(self, key: Key, timeout: float) -> AsyncIterator[Held]:
@@ -383,7 +407,7 @@ class RedisBackend:
         name, token, ttl_ms = self._lock_name(key), secrets.token_hex(16), _lock_ms(timeout)
 
         async def attempt() -> bool:
-            return await self._arun("lock", self._take(name, token, ttl_ms))
+            return await self._arun("lock", self._take(name, token, ttl_ms), key)
 
         held = await atake_lock(attempt, timeout)
         try:
@@ -391,7 +415,7 @@ class RedisBackend:
         finally:
             if held:
                 with contextlib.suppress(BackendError):
-                    await self._arun("unlock", self._give_back(name, token))
+                    await self._arun("unlock", self._give_back(name, token), key)
 
     def _lock_name(self, key: Key) -> str:
         return self._name(key) + ":lock"
@@ -427,25 +451,37 @@ _ASSEMBLE_ASIDE = 1 << 20
 
 def _connect(url: str, socket_timeout: float, connect_timeout: float,
              asynchronous: bool = False) -> Any:
-    """A redis-py client for ``url``, or its redis.asyncio twin."""
-    options: dict[str, Any] = {
-        "socket_timeout": socket_timeout, "socket_connect_timeout": connect_timeout,
-    }
+    """A redis-py client for ``url``, or its redis.asyncio twin, retrying a command at most once
+    and only after a connection error: redis-py's default retries (several, with backoff) would
+    make every call on a dead server cost seconds."""
     redis = _redis()
+    from redis.backoff import NoBackoff
+
     if asynchronous:
         import redis.asyncio
         import redis.asyncio.cluster
+        from redis.asyncio.retry import Retry as AsyncRetry
 
         standalone, cluster = redis.asyncio.Redis, redis.asyncio.cluster
+        retry: Any = AsyncRetry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
     else:
+        from redis.retry import Retry
+
         standalone, cluster = redis.Redis, redis.cluster
-    parts = urlsplit(url)
-    if parts.scheme == "redis+cluster":
-        nodes = []
-        for address in parts.netloc.split(","):
-            host, _, port = address.rpartition(":")
-            nodes.append(cluster.ClusterNode(host or "127.0.0.1", int(port or 6379)))
-        return cluster.RedisCluster(startup_nodes=nodes, **options)
-    if parts.scheme not in ("redis", "rediss", "unix"):
-        raise ValueError(f"not a Redis URL: {url!r}")
+        retry = Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
+    options: dict[str, Any] = {
+        "socket_timeout": socket_timeout, "socket_connect_timeout": connect_timeout,
+        "retry": retry,
+    }
+    scheme = urlsplit(url).scheme
+    if scheme == "redis+cluster":
+        hosts = split_hosts(url, scheme, 6379)
+        nodes = [cluster.ClusterNode(host, port) for host, port in hosts.addresses]
+        # The cluster client retries timeouts as well as refused connections (each costing a
+        # whole timeout): no retry, a failure counts against that master's breaker instead.
+        options["retry"] = type(retry)(NoBackoff(), 0)
+        return cluster.RedisCluster(startup_nodes=nodes, username=hosts.username,
+                                    password=hosts.password, **options)
+    if scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"not a Redis URL: {redact(url)!r}")
     return standalone.from_url(url, **options)

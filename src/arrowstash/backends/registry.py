@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from arrowstash import config
+from arrowstash.backends._urls import colonless_scheme, local_path, redact, scheme_of
 from arrowstash.backends.base import Backend
+from arrowstash.errors import BackendError
 
 #: URL scheme -> (module, class, extra to install): imported when a URL first uses the scheme,
 #: so that ``import arrowstash`` loads no client library.
@@ -31,23 +36,26 @@ def backend_class(scheme: str) -> type:
     return cls
 
 
+def known_schemes() -> list[str]:
+    """Every scheme ``from_url`` accepts."""
+    return ["file", "memory", *SCHEMES]
+
+
 def from_url(url: str) -> Backend:
     """Build a backend from a URL: ``file:///path`` (or a bare path), ``memory://``,
     ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://h:p,h:p``, ``memcached://h:p``,
     ``s3://``, ``gs://``, ``az://``, ``objstore+memory://``, ``objstore+file://``.
 
     ``?encrypt=1`` on a file or network URL makes the backend encrypt every entry (as its
-    ``encrypt=True``), so ``ARROWSTASH_URL`` alone can switch encryption on for a deployment."""
+    ``encrypt=True``), so ``ARROWSTASH_URL`` alone can switch encryption on for a deployment.
+    A mistyped scheme (``reddis://``, ``redis//host``) is an error naming the known ones, never
+    a folder."""
     url, encrypt = _pop_encrypt(url)
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
+    scheme = _checked_scheme(url)
     if scheme in ("", "file"):
-        path = unquote(parts.path) if scheme else url
-        if not path:
-            raise ValueError(f"backend URL {url!r} names no folder (write file:///path/to/cache)")
         from arrowstash.backends.file import FileBackend
 
-        return FileBackend(path, encrypt=encrypt)
+        return FileBackend(local_path(url), encrypt=encrypt)
     if scheme == "memory":
         from arrowstash.backends.memory import MemoryBackend
 
@@ -55,13 +63,56 @@ def from_url(url: str) -> Backend:
             raise ValueError("memory:// keeps entries in this process, unencrypted: "
                              "?encrypt= applies to file and network backends only")
         return MemoryBackend()
-    if scheme in SCHEMES:
-        backend: Backend = backend_class(scheme)(url, encrypt=encrypt)
-        return backend
-    raise ValueError(
-        f"backend URL {url!r}: unsupported scheme {scheme!r} (supported: file://, memory://, "
-        f"{', '.join(s + '://' for s in SCHEMES)})"
-    )
+    backend: Backend = backend_class(scheme)(url, encrypt=encrypt)
+    return backend
+
+
+def _checked_scheme(url: str) -> str:
+    """The scheme of ``url`` ("" for a path), which must be a known one."""
+    known = known_schemes()
+    scheme = scheme_of(url)
+    lost = "" if scheme else colonless_scheme(url)
+    if lost in known:
+        fixed = f"{lost}://{url[len(lost) + 2:]}"
+        raise ValueError(f"backend URL lacks the colon after {lost!r}: "
+                         f"did you mean {redact(fixed)!r}?")
+    if not scheme or scheme in known:
+        return scheme
+    close = difflib.get_close_matches(scheme, known, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}://? " if close else ""
+    raise ValueError(f"backend URL {redact(url)!r}: unknown scheme {scheme!r} ({hint}known: "
+                     f"{', '.join(s + '://' for s in known)}, or a plain path)")
+
+
+def file_folder(url: str | None) -> Path | None:
+    """The folder of the File backend ``url`` names (None: the default backend), found without
+    creating it; None when the URL names another kind of backend."""
+    if url is None:
+        url = config.default_url()
+        if url is None:
+            return config.default_cache_dir()
+    url, _encrypt = _pop_encrypt(url)
+    if _checked_scheme(url) not in ("", "file"):
+        return None
+    return Path(local_path(url)).expanduser().absolute()
+
+
+def opened(url: str | None) -> Backend:
+    """The backend of ``url`` (None: the default) for a cached function: a store that cannot
+    be reached or created (an unwritable folder) becomes an :class:`UnavailableBackend`, so
+    decorating never fails on the environment; a malformed URL still raises here."""
+    spec = url if url is not None else config.default_url()
+    try:
+        return from_url(spec) if spec is not None else default_backend()
+    except BackendError as exc:
+        from arrowstash.backends.file import FileBackend
+        from arrowstash.backends.unavailable import UnavailableBackend
+
+        clean, encrypt = _pop_encrypt(spec or "")
+        scheme = _checked_scheme(clean)
+        cls: Any = FileBackend if scheme in ("", "file") else backend_class(scheme)
+        where = redact(clean) or str(config.default_cache_dir())
+        return UnavailableBackend(where, exc, cls.capabilities, encrypt)
 
 
 _TRUE = ("1", "true", "yes", "on")

@@ -43,6 +43,7 @@ def cache(
     secret: str | bytes | None = ...,
     encrypt: bool | None = ...,
     encryption_key: KeySpec | None = ...,
+    verify: bool = ...,
     stale_ttl: float | dt.timedelta | None = ...,
     refresh_ahead: float | None = ...,
 ) -> Callable[[F], F]: ...
@@ -68,6 +69,7 @@ def cache(
     secret: str | bytes | None = None,
     encrypt: bool | None = None,
     encryption_key: KeySpec | None = None,
+    verify: bool = False,
     stale_ttl: float | dt.timedelta | None = None,
     refresh_ahead: float | None = None,
 ) -> Any:

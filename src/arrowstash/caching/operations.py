@@ -141,7 +141,8 @@ def read(core: Core, key: Key, report: bool) -> Op:
     if core.backend is None:
         return ABSENT
     try:
-        stored: Stored | None = yield Get(key)
+        # tuple.__new__: the NamedTuple's Python-level __new__ would be a tenth of a File hit
+        stored: Stored | None = yield tuple.__new__(Get, (key,))
     except BackendError as exc:
         return core.read_failed(key, exc, report)
     if stored is not None and stored.data.nbytes >= DECODE_ASIDE:

@@ -56,15 +56,34 @@ class Options:
     lock_timeout: float = 60.0
     #: Raise serialization and backend failures instead of logging them and running uncached.
     strict: bool = False
-    #: Signs and checks entries whose loading runs code (default ``ARROWSTASH_SECRET``).
+    #: Signs every entry with a keyed MAC, and refuses (a logged miss) entries not signed with
+    #: it: forged or foreign ones (default ``ARROWSTASH_SECRET``; docs/network-security.md).
     secret: bytes | None = None
     #: AES-256-GCM entries (None: as the backend says); see docs/encryption.md.
     encrypt: bool | None = None
     encryption_key: KeySpec | None = None
+    #: Check every section of a memory-mapped hit (digests; MACs under a secret) before using
+    #: it: O(size) instead of O(1), to catch bit flips on the disk.
+    verify: bool = False
     #: Seconds past ``ttl`` during which a hit returns the old value and refreshes it.
     stale_ttl: float | None = None
     #: Fraction of ``ttl`` after which a hit starts a background refresh (e.g. 0.8).
     refresh_ahead: float | None = None
+
+    def __repr__(self) -> str:
+        """Every option, with ``secret``, ``encryption_key`` and a backend URL's password
+        hidden (docs/network-security.md)."""
+        from arrowstash.backends._urls import redact
+
+        shown = []
+        for name in NAMES:
+            value = getattr(self, name)
+            if name in ("secret", "encryption_key") and value is not None:
+                value = "***"
+            elif name == "backend" and isinstance(value, str):
+                value = redact(value)
+            shown.append(f"{name}={value!r}")
+        return f"Options({', '.join(shown)})"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise in place, once
@@ -89,7 +108,7 @@ class Options:
         if (self.stale_ttl is not None or self.refresh_ahead is not None) and self.ttl is None:
             raise ValueError("stale_ttl and refresh_ahead need a ttl: entries that never expire "
                              "are never stale")
-        for name in ("l1", "lock", "strict"):
+        for name in ("l1", "lock", "strict", "verify"):
             if type(getattr(self, name)) is not bool:
                 raise TypeError(f"{name} must be True or False, not {getattr(self, name)!r}")
         if self.encrypt is not None and type(self.encrypt) is not bool:

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from arrowstash import config
 from arrowstash.backends.base import Backend, Held, Stored
-from arrowstash.backends.registry import default_backend, from_url
+from arrowstash.backends.registry import opened
 from arrowstash.caching.freshness import Freshness
 from arrowstash.caching.keys import KeyMaker
 from arrowstash.caching.l1 import L1, L1Item, copier, frozen_size
@@ -30,7 +30,7 @@ from arrowstash.entry.format import (
     materialize,
     open_encrypted,
     parse_entry,
-    signature_valid,
+    verify_sections,
 )
 from arrowstash.errors import BackendError, CorruptEntryError, SerializationError
 from arrowstash.serializers.base import Serializer
@@ -75,14 +75,23 @@ class _Stats:
 
 def _backend(spec: Backend | str | None) -> Backend | None:
     """The backend an option names: an instance, a URL, None (L1 only) or DEFAULT."""
-    if spec is DEFAULT:
-        return default_backend()
-    if isinstance(spec, str):
-        return from_url(spec)
+    if spec is DEFAULT or isinstance(spec, str):  # a store not there yet: UnavailableBackend
+        return opened(None if spec is DEFAULT else spec)
     if spec is not None and not isinstance(spec, Backend):
         raise TypeError(f"backend must be a Backend, a URL string, None or DEFAULT, not "
                         f"{type(spec).__qualname__}")
     return spec
+
+
+def _decode(decoder: Serializer, entry: Entry) -> Any:
+    """The entry's value; any error a serializer raises on a damaged entry is a corrupt entry
+    (a miss the caller never sees), not a crash."""
+    try:
+        return decoder.decode(entry.meta, entry.sections)
+    except (TypeError, ValueError, KeyError, IndexError, OverflowError, AttributeError,
+            MemoryError) as exc:
+        raise CorruptEntryError(f"undecodable {entry.serializer} entry: "
+                                f"{type(exc).__name__}: {exc}") from exc
 
 
 class Prepared(NamedTuple):
@@ -145,6 +154,7 @@ class Core:
         self.keyring = keyring_for(options.encrypt, options.encryption_key, required,
                                    self.backend)
         self.secret: bytes | None = options.secret or config.secret()
+        self.verify = options.verify
         if self._unsafe(self.serializer) and not self.secret and self._shared \
                 and self.keyring is None:
             raise ValueError(
@@ -201,7 +211,9 @@ class Core:
         try:
             fingerprint = stored.fingerprint
             known = self._parsed.get(fingerprint) if fingerprint else None
-            entry = parse_entry(stored.data, check_sections=not stored.mapped, known=known)
+            checked = self.verify or not stored.mapped
+            entry = parse_entry(stored.data, check_sections=checked, known=known,
+                                secret=self.secret)
             if entry.key != key:
                 raise CorruptEntryError("entry belongs to another key")
             if known is None and fingerprint:
@@ -217,7 +229,9 @@ class Core:
             decoder = self._decoder(entry.serializer)
             if decoder.name in self._unsafe_names and not sealed:
                 self._check_trust(entry)
-            value = decoder.decode(entry.meta, entry.sections)
+                if self.secret and not checked:  # code runs from these bytes: MAC them all
+                    verify_sections(entry, self.secret)
+            value = _decode(decoder, entry)
         except (CorruptEntryError, SerializationError) as exc:
             if not report:
                 return ABSENT
@@ -237,14 +251,14 @@ class Core:
         try:
             encoded = self.serializer.encode(value)
             encoded.encrypt_with = self.keyring  # authenticated: no signature needed then
-            if self.keyring is None and self._unsafe(self._decoder(encoded.serializer)):
-                if self.secret:
-                    encoded.sign_with = self.secret
-                elif self._shared:
-                    raise SerializationError(
-                        f"{type(value).__qualname__} values need pickling, which a shared "
-                        "backend allows only with a secret (secret= or ARROWSTASH_SECRET)"
-                    )
+            if self.keyring is None and self.secret:
+                encoded.sign_with = self.secret  # every entry: readers refuse unsigned ones
+            elif self.keyring is None and self._shared \
+                    and self._unsafe(self._decoder(encoded.serializer)):
+                raise SerializationError(
+                    f"{type(value).__qualname__} values need pickling, which a shared "
+                    "backend allows only with a secret (secret= or ARROWSTASH_SECRET)"
+                )
             if (self.backend is None or not to_backend) and self.l1 is not None:
                 encoded = materialize(encoded)  # L1 is the only store: it needs the bytes
         except SerializationError as exc:
@@ -308,9 +322,8 @@ class Core:
         """Refuse to unpickle what this process cannot trust: entries of a code-running
         serializer must be signed when a secret is set, and may be unsigned only locally."""
         if self.secret:
-            if not signature_valid(entry, self.secret):
-                raise CorruptEntryError("missing or wrong signature on a pickled entry")
-        elif self._shared:
+            return  # parse_entry checked its signature
+        if self._shared:
             raise CorruptEntryError("pickled entry on a shared backend and no secret to check it")
 
     def _decrypt(self, entry: Entry, sealed: bool) -> Entry:

@@ -20,23 +20,25 @@ def run(core: Core, op: ops.Op) -> Any:
     locks: dict[Key, AbstractContextManager[Held]] = {}
     result: Any = None
     error: BaseException | None = None
+    send = op.send
     while True:
         try:
-            step = op.send(result) if error is None else op.throw(error)
+            step = send(result) if error is None else op.throw(error)
         except StopIteration as done:
             return done.value
         result = error = None
         try:
-            result = _run_step(core, step, locks)
+            # a hit's one step without the dispatch call (Get is only yielded with a backend)
+            if type(step) is ops.Get:
+                result = core.backend.get(step.key)  # type: ignore[union-attr]
+            else:
+                result = _run_step(core, step, locks)
         except BaseException as exc:  # the function's own, or a backend's: the op decides
             error = exc
 
 
 def _run_step(core: Core, step: Any, locks: dict[Key, AbstractContextManager[Held]]) -> Any:
     kind = type(step)
-    if kind is ops.Get:
-        assert core.backend is not None
-        return core.backend.get(step.key)
     if kind is ops.Aside:
         return step.func(*step.args)
     if kind is ops.Call:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import msgpack
 import xxhash
 
+import arrowstash.entry.mac as macs
 from arrowstash.errors import CorruptEntryError
 
 if TYPE_CHECKING:
@@ -43,11 +44,6 @@ _MAC_CONTEXT = b"arrowstash entry v1\0"
 
 class Sink(Protocol):
     """Where an entry's bytes go: a temporary file, a bytearray for a wire backend."""
-
-    @property
-    def unhashed_from(self) -> int | None:
-        """Entries this large are read back through a memory map whose sections are never
-        hashed (see parse_entry), so sections written past it are not hashed; None: hash all."""
 
     def write(self, data: Any, /) -> Any: ...
 
@@ -80,7 +76,8 @@ class Encoded:
     meta: Any
     sections: list[Any] = field(default_factory=list)  # buffers or StreamedSection callables
     flags: int = 0
-    #: A secret to sign the entry with (HMAC-SHA256 over its identity and every section byte).
+    #: A secret to sign the entry with (see entry.mac: a MAC of every section, and a tag over
+    #: header and trailer).
     sign_with: bytes | None = None
     #: Keys to encrypt the entry with (AES-256-GCM, see entry.crypto); metadata other than
     #: None then travels encrypted as section 0 instead of in the trailer.
@@ -113,6 +110,9 @@ class Trailer(NamedTuple):
     sections: list[list[Any]]  # offset, length, xxh3-64 (None: not hashed)
     tag: bytes | None  # HMAC-SHA256 of a signed entry
     enc: dict[str, Any] | None = None  # how an encrypted entry was sealed: {"kid": key id}
+    #: the keyed MAC of each section (entries signed since format v1.1; see entry.mac); None
+    #: with a tag: a first-release signature (an HMAC over identity and section bytes)
+    smac: list[bytes] | None = None
 
 
 class Entry(NamedTuple):
@@ -156,16 +156,18 @@ def _signer(secret: bytes, key: Key, serializer: str, created: float, expires: f
 
 
 class _EntryWriter:
-    def __init__(self, sink: Sink, mac: Any, hashing: bool) -> None:
+    def __init__(self, sink: Sink, mac_key: bytes | None, hashing: bool) -> None:
         self._sink = sink
         sink.write(_PAD)  # room for the header, patched when the sizes are known
         self._offset = ALIGN
         self._section_start = ALIGN
         self._hasher = xxhash.xxh3_64()
-        self._mac = mac
-        # Hashing a 1 GB array costs about as much as writing it; skip it where no reader checks.
+        self._mac_key = mac_key
+        self._mac: Any = None  # the running MAC of the current section
+        self.section_macs: list[bytes] = []
+        # Every section gets a digest (xxh3 costs a 30th of a copy, and large buffers are hashed
+        # on the other core): a flipped bit in a mapped entry is found by verify=True.
         self._hashing = hashing
-        self._unhashed_from = sink.unhashed_from
 
     def tell(self) -> int:
         return self._offset
@@ -174,8 +176,6 @@ class _EntryWriter:
         view = memoryview(data)
         if view.ndim != 1 or view.itemsize != 1:
             view = view.cast("B")
-        if self._unhashed_from is not None and self._offset + view.nbytes >= self._unhashed_from:
-            self._hashing = False
         if not self._hashing and self._mac is None:
             self._sink.write(view)
         elif view.nbytes >= _HASH_ASIDE:
@@ -212,6 +212,8 @@ class _EntryWriter:
         self.pad()
         self._section_start = self._offset
         self._hasher.reset()
+        if self._mac_key is not None:
+            self._mac = macs.section_mac(self._mac_key, index)
         if sealer is not None:
             sealed = sealer.section(index, self.write_raw)
             if callable(source):
@@ -225,7 +227,7 @@ class _EntryWriter:
             self.write_raw(source)
         length = self._offset - self._section_start
         if self._mac is not None:
-            self._mac.update(struct.pack("<Q", length))
+            self.section_macs.append(macs.finish(self._mac))
         return [self._section_start, length, self._hasher.intdigest() if self._hashing else None]
 
 
@@ -247,8 +249,8 @@ def write_entry(
             _identity(key, encoded.serializer, flags, created, expires, len(sections), has_meta)
         )
     secret = encoded.sign_with if sealer is None else None  # encryption authenticates already
-    mac = _signer(secret, key, encoded.serializer, created, expires) if secret else None
-    writer = _EntryWriter(sink, mac, hashing=sealer is None)  # GCM tags check sealed bytes
+    mac_key = macs.derive(secret) if secret else None
+    writer = _EntryWriter(sink, mac_key, hashing=sealer is None)  # GCM tags check sealed bytes
     table = [writer.section(s, sealer, i) for i, s in enumerate(sections)]
     fields = {
         "key": key.digest,
@@ -260,15 +262,20 @@ def write_entry(
     }
     if sealer is not None:
         fields["enc"] = {"kid": sealer.key_id, "meta": has_meta}
-    if mac is not None:
-        fields["tag"] = mac.digest()
+    if mac_key is not None:
         flags |= FLAG_SIGNED
+        fields["smac"] = writer.section_macs
+        fields["tag"] = bytes(macs.TAG)  # the last field: its bytes are set below
     trailer = msgpack.packb(fields, use_bin_type=True)
     writer.pad()
     trailer_at = writer.tell()
-    sink.write(trailer)
     total = trailer_at + len(trailer)
     header = _pack_header(flags, len(table), total, trailer_at, created, expires, checksum=0)
+    if mac_key is not None:
+        body = trailer[: -macs.TAIL]
+        assert trailer[-macs.TAIL : -macs.TAG] == macs.TAG_PREFIX
+        trailer = body + macs.TAG_PREFIX + macs.tag(mac_key, header, body)
+    sink.write(trailer)
     checksum = _checksum(header, trailer)
     sink.patch(0, header[:_CHECKSUM_AT] + struct.pack("<Q", checksum) + header[_CHECKSUM_AT + 8 :])
     return total
@@ -329,8 +336,6 @@ def _checksum(header: bytes | memoryview, trailer: bytes | memoryview) -> int:
 class BytesSink:
     """Collects an entry in one buffer, for backends that store whole values."""
 
-    unhashed_from = None  # read back whole and checked
-
     def __init__(self) -> None:
         self.buffer = bytearray()
 
@@ -348,7 +353,8 @@ def entry_bytes(key: Key, encoded: Encoded, *, created: float, expires: float | 
 
 
 def signature_valid(entry: Entry, secret: bytes) -> bool:
-    """Whether ``entry`` carries a valid HMAC for ``secret`` (reads every section byte)."""
+    """Whether ``entry`` carries a valid first-release HMAC for ``secret`` (reads every section
+    byte; it does not cover the metadata)."""
     tag = entry.trailer.tag
     if tag is None:
         return False
@@ -447,7 +453,7 @@ def read_trailer(header_bytes: Any, header: Header, trailer: Any) -> Trailer:
         info = msgpack.unpackb(trailer, raw=False, strict_map_key=False)
         namespace, function, digest = info["ns"], info["fn"], info["key"]
         serializer, table = info["ser"], info["sec"]
-        meta, tag, enc = info["meta"], info.get("tag"), info.get("enc")
+        meta, tag, enc, smac = info["meta"], info.get("tag"), info.get("enc"), info.get("smac")
     except (ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
         raise CorruptEntryError(f"unreadable trailer: {exc}") from exc
     if type(namespace) is not str or type(function) is not str or type(digest) is not bytes \
@@ -467,13 +473,18 @@ def read_trailer(header_bytes: Any, header: Header, trailer: Any) -> Trailer:
             raise CorruptEntryError(f"section {index} lies outside the entry")
     if (tag is not None) != bool(header.flags & FLAG_SIGNED):
         raise CorruptEntryError("signature flag and tag disagree")
+    if smac is not None and (tag is None or type(smac) is not list or len(smac) != len(table)
+                             or any(type(m) is not bytes or len(m) != macs.SECTION_MAC
+                                    for m in smac)):
+        raise CorruptEntryError("section MACs are described wrongly")
     if (enc is not None) != bool(header.flags & FLAG_ENCRYPTED):
         raise CorruptEntryError("encryption flag and trailer disagree")
-    return Trailer(Key(namespace, function, digest), serializer, meta, table, tag, enc)
+    return Trailer(Key(namespace, function, digest), serializer, meta, table, tag, enc, smac)
 
 
 def parse_entry(
-    buffer: Any, *, check_sections: bool = True, known: Entry | None = None
+    buffer: Any, *, check_sections: bool = True, known: Entry | None = None,
+    secret: bytes | None = None,
 ) -> Entry:
     """Validate ``buffer`` and return the entry it holds, its sections as views into it.
 
@@ -483,6 +494,10 @@ def parse_entry(
 
     ``known`` is an earlier parse of the same stored entry (same header bytes and size): its header
     and trailer are reused, and only the sections are checked against it.
+
+    With ``secret``, an entry that is not encrypted must be signed with it (see entry.mac): its
+    tag is checked, and its sections' MACs where sections are checked; an unsigned entry, or
+    one signed with another secret, is a CorruptEntryError.
     """
     view = buffer if type(buffer) is memoryview else memoryview(buffer)
     if view.format != "B" or view.ndim != 1:
@@ -493,13 +508,53 @@ def parse_entry(
         header = read_header(view)
         trailer = read_trailer(view[:ALIGN], header, view[header.trailer_at : header.total])
     # AES-GCM authenticates every byte of an encrypted section when it is decrypted.
-    check_sections = check_sections and not header.flags & FLAG_ENCRYPTED
-    sections = []
-    for index, (offset, length, digest) in enumerate(trailer.sections):
-        section = view[offset : offset + length]
-        if check_sections and digest is not None and xxhash.xxh3_64_intdigest(section) != digest:
-            raise CorruptEntryError(f"section {index} checksum mismatch")
-        sections.append(section)
+    encrypted = header.flags & FLAG_ENCRYPTED
+    check_sections = check_sections and not encrypted
+    mac_key = None
+    if secret is not None and not encrypted and trailer.smac is not None:
+        mac_key = macs.derive(secret)
+        _check_tag(mac_key, view, header)
+    sections = [view[offset : offset + length] for offset, length, _ in trailer.sections]
     # tuple.__new__ skips the NamedTuple's Python-level __new__: this is on every hit's path
-    return tuple.__new__(Entry, (header, trailer.key, trailer.serializer, trailer.meta, sections,
-                                 trailer))
+    entry: Entry = tuple.__new__(Entry, (header, trailer.key, trailer.serializer, trailer.meta,
+                                         sections, trailer))
+    if check_sections:
+        _check_sections(entry, mac_key)
+    if secret is not None and not encrypted and mac_key is None \
+            and (trailer.tag is None or not signature_valid(entry, secret)):
+        raise CorruptEntryError("entry carries no valid signature for this secret (a secret "
+                                "requires every entry to be signed with it)")
+    return entry
+
+
+def verify_sections(entry: Entry, secret: bytes | None = None) -> None:
+    """Check every section of a parsed entry against its digest (and its MAC, with ``secret``):
+    what a mapped read skips, done where a flip must not go unseen (verify=True, a pickled
+    entry, ``arrowstash verify``). CorruptEntryError names the first bad section."""
+    if not entry.header.flags & FLAG_ENCRYPTED:
+        signed = secret is not None and entry.trailer.smac is not None
+        _check_sections(entry, macs.derive(secret) if signed else None)
+
+
+def _check_sections(entry: Entry, mac_key: bytes | None) -> None:
+    trailer = entry.trailer
+    for index, section in enumerate(entry.sections):
+        digest = trailer.sections[index][2]
+        if digest is not None and xxhash.xxh3_64_intdigest(section) != digest:
+            raise CorruptEntryError(f"section {index} checksum mismatch")
+        if mac_key is not None:
+            running = macs.section_mac(mac_key, index)
+            running.update(section)
+            if not macs.same(macs.finish(running), trailer.smac[index]):  # type: ignore[index]
+                raise CorruptEntryError(f"section {index} fails its MAC")
+
+
+def _check_tag(key: bytes, view: memoryview, header: Header) -> None:
+    """The tag is the trailer's last field; it covers the header and every trailer byte
+    before it (docs/format.md)."""
+    trailer = view[header.trailer_at : header.total]
+    body, tail = trailer[: -macs.TAIL], trailer[-macs.TAIL :]
+    if tail[: len(macs.TAG_PREFIX)] != macs.TAG_PREFIX \
+            or not macs.same(macs.tag(key, view[:ALIGN], body), tail[len(macs.TAG_PREFIX) :]):
+        raise CorruptEntryError("entry signature does not match: forged, altered, or signed "
+                                "with another secret")
