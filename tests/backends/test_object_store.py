@@ -26,7 +26,7 @@ from servers import S3Server
 
 pytestmark = pytest.mark.s3
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 SRC = TESTS.parent / "src"
 
 
