@@ -92,10 +92,11 @@ class Tuning:
     retries: int = 2
     #: Entries this large, and entries with streamed sections, go by multipart upload in parts
     #: of ``part_bytes``, ``max_concurrency`` at a time, from a spool file in ``spool_dir``
-    #: (None: the system's temporary folder).
+    #: (None: the system's temporary folder). At most ``part_bytes * max_concurrency`` bytes
+    #: of an upload are in memory at once.
     multipart_from: int = 16 << 20
-    part_bytes: int = 16 << 20
-    max_concurrency: int = 8
+    part_bytes: int = 8 << 20
+    max_concurrency: int = 4
     spool_dir: str | None = None
     #: The circuit breaker: after this many failures in a row, skip the store for a while.
     breaker_failures: int = 5
@@ -144,9 +145,13 @@ class ObjectStoreBackend:
         self._obstore = obstore_module()
         errors = self._obstore.exceptions
         self._answers = (FileNotFoundError, errors.AlreadyExistsError, errors.PreconditionError)
-        self._store = make_store(scheme, bucket, prefix, config, tuning.timeout,
-                                 tuning.connect_timeout, tuning.retries)
         self.url = public_url(url)
+        try:
+            self._store = make_store(scheme, bucket, prefix, config, tuning.timeout,
+                                     tuning.connect_timeout, tuning.retries)
+        except (errors.BaseError, OSError) as exc:
+            raise BackendError(f"cannot open the object store {self.url}: "
+                               f"{type(exc).__name__}: {_scrub(str(exc))}") from None
         self.scheme = scheme
         self.encrypt = encrypt
         self.tuning = tuning
@@ -210,14 +215,15 @@ class ObjectStoreBackend:
             return len(data)
         fd, spool = tempfile.mkstemp(prefix=".arrowstash-", suffix=".spool", dir=tuning.spool_dir)
         try:
+            source = _unlinked(fd, spool)
             try:
                 size = entry.write(_SpoolSink(fd))
+                with self._call("multipart put"):
+                    self._obstore.put(self._store, path, source, chunk_size=tuning.part_bytes,
+                                      max_concurrency=tuning.max_concurrency,
+                                      use_multipart=size >= tuning.multipart_from)
             finally:
                 os.close(fd)
-            with self._call("multipart put"):
-                self._obstore.put(self._store, path, Path(spool), chunk_size=tuning.part_bytes,
-                                  max_concurrency=tuning.max_concurrency,
-                                  use_multipart=size >= tuning.multipart_from)
         except OSError as exc:
             raise BackendError(f"cannot spool an entry for {self.url}: {exc}") from exc
         finally:
@@ -322,10 +328,12 @@ class ObjectStoreBackend:
             return False
         try:  # the lease ran out: take it over, unless another waiter did first
             with self._call("lock"):
-                self._obstore.put(self._store, path, body,
-                                  mode={"e_tag": meta["e_tag"], "version": meta["version"]})
+                version = {name: meta[name] for name in ("e_tag", "version") if meta[name]}
+                self._obstore.put(self._store, path, body, mode=version)
             return True
         except (errors.PreconditionError, errors.AlreadyExistsError, FileNotFoundError):
+            return False
+        except errors.NotSupportedError:  # a store without conditional updates: it stays
             return False
 
     def _give_back(self, path: str, token: str) -> None:
@@ -340,6 +348,16 @@ class ObjectStoreBackend:
 
     def close(self) -> None:
         """Nothing to close: obstore's connection pools end with the backend."""
+
+
+def _unlinked(fd: int, spool: str) -> Path:
+    """A path the uploader can open the spool file by. Where the system names open files
+    (Linux), the file is unlinked at once, so that a process killed mid-upload leaves none."""
+    by_fd = Path(f"/proc/self/fd/{fd}")
+    if by_fd.exists():
+        os.unlink(spool)
+        return by_fd
+    return Path(spool)
 
 
 def _lease_end(body: bytes) -> float:

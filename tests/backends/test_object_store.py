@@ -1,0 +1,239 @@
+"""ObjectStoreBackend against a real S3-compatible server (moto's, on a loopback port): every
+serializer's values through ``@cache``, multipart uploads, many processes on one cold key, the
+server going away and coming back, an upload killed midway, and secrets kept out of text."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from arrowstash import BackendError, Key, StandardSerializer, cache
+from arrowstash.backends import from_url
+from arrowstash.backends.object_store import ObjectStoreBackend, Tuning
+from arrowstash.entry.format import EntryWriter, parse_entry
+from servers import S3Server
+
+pytestmark = pytest.mark.s3
+
+TESTS = Path(__file__).parents[1]
+SRC = TESTS.parent / "src"
+
+
+def _env(server: S3Server) -> dict[str, str]:
+    return {**os.environ, **server.environment,
+            "PYTHONPATH": os.pathsep.join([str(SRC), str(TESTS)])}
+
+
+@pytest.mark.parametrize("value", [
+    {"a": [1, 2.5, "x", None], "b": (1, 2)},
+    np.arange(100_000, dtype=np.float32).reshape(100, 1000),
+    pd.DataFrame({"x": np.arange(5000), "s": [f"r{i}" for i in range(5000)]}),
+    pa.table({"x": np.arange(5000), "s": [f"r{i}" for i in range(5000)]}),
+    b"raw bytes" * 1000,
+], ids=["standard", "array", "pandas", "arrow", "bytes"])
+def test_every_kind_of_value_round_trips(s3_backend: ObjectStoreBackend, value: Any) -> None:
+    calls = []
+
+    @cache(backend=s3_backend, l1=False)
+    def make(n: int) -> Any:
+        calls.append(n)
+        return value
+
+    first, again = make(1), make(1)
+    assert calls == [1] and make.cache_info().hits == 1
+    for got in (first, again):
+        if isinstance(value, np.ndarray):
+            np.testing.assert_array_equal(got, value)
+        elif isinstance(value, pd.DataFrame):
+            pd.testing.assert_frame_equal(got, value)
+        elif isinstance(value, pa.Table):
+            assert got.equals(value)
+        else:
+            assert got == value
+
+
+def test_a_large_entry_goes_by_multipart_upload(s3_server: S3Server, unique_prefix: str,
+                                                tmp_path: Path) -> None:
+    backend = ObjectStoreBackend(s3_server.url(unique_prefix), **s3_server.credentials,
+                                 tuning=Tuning(multipart_from=5 << 20, part_bytes=5 << 20,
+                                               spool_dir=str(tmp_path)))
+    array = np.random.default_rng(1).random(3 << 20)  # 24 MiB: five parts
+
+    @cache(backend=backend, l1=False)
+    def make() -> np.ndarray:
+        return array
+
+    make()
+    np.testing.assert_array_equal(make(), array)
+    (entry,) = backend.entries()
+    assert entry.size > array.nbytes
+    assert list(tmp_path.iterdir()) == []  # the spool file is gone
+
+
+def test_urls_and_reprs_carry_no_secrets(s3_server: S3Server) -> None:
+    url = (s3_server.url("p") + f"&access_key_id={s3_server.KEY_ID}"
+           f"&secret_access_key={s3_server.SECRET}")
+    backend = from_url(url)
+    assert isinstance(backend, ObjectStoreBackend)
+    for text in (repr(backend), backend.url, json.dumps(backend.stats())):
+        assert s3_server.SECRET not in text
+    assert "secret_access_key" in backend.url  # the option's name alone
+    with pytest.raises(BackendError, match="cannot open the object store") as failed:
+        ObjectStoreBackend(s3_server.url("p") + "&secret_access_key=" + s3_server.SECRET)
+    assert s3_server.SECRET not in str(failed.value)
+
+
+def test_a_dead_server_is_an_uncached_call_then_caching_resumes(unique_prefix: str) -> None:
+    server = S3Server().start()
+    try:
+        backend = ObjectStoreBackend(
+            server.url(unique_prefix), **server.credentials,
+            tuning=Tuning(timeout=2.0, connect_timeout=0.5, retries=0, breaker_cooldown=0.2))
+        calls = []
+
+        @cache(backend=backend, l1=False)
+        def double(n: int) -> int:
+            calls.append(n)
+            return 2 * n
+
+        assert double(1) == 2 and double(1) == 2 and calls == [1]
+        server.stop()
+        assert double(2) == 4 and double(2) == 4  # no exception; computed each time
+        assert calls == [1, 2, 2]
+        with pytest.raises(BackendError) as failed:
+            backend.get(Key("ns", "f", b"\0" * 16))
+        time.sleep(0.3)
+        with pytest.raises(BackendError) as failed:
+            backend.get(Key("ns", "f", b"\0" * 16))
+        assert server.SECRET not in str(failed.value)
+        server.restart()  # same port, empty bucket
+        time.sleep(0.3)  # past the breaker's cooldown
+        assert double(3) == 6 and double(3) == 6
+        assert calls == [1, 2, 2, 3]
+        with pytest.raises(BackendError):
+            cache(backend=backend, strict=True)(lambda: 1)  # still up: no error
+            server.stop()
+            cache(backend=backend, strict=True, l1=False)(lambda: 1)()
+    finally:
+        server.stop()
+
+
+_ONE_KEY = r"""
+import os, sys, time
+from arrowstash import cache
+from arrowstash.backends.object_store import ObjectStoreBackend
+
+url, runs = sys.argv[1], sys.argv[2]
+
+@cache(backend=ObjectStoreBackend(url), lock_timeout=30, namespace="cold")
+def slow(n):
+    with open(runs, "a") as log:
+        log.write(f"{os.getpid()}\n")
+    time.sleep(1.0)
+    return list(range(n))
+
+assert slow(1000) == list(range(1000))
+"""
+
+
+def test_processes_on_one_cold_key_run_the_body_once(s3_server: S3Server, unique_prefix: str,
+                                                     tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    url = s3_server.url(unique_prefix)
+    children = [subprocess.Popen([sys.executable, "-c", _ONE_KEY, url, str(runs)],
+                                 env=_env(s3_server)) for _ in range(6)]
+    assert [child.wait(timeout=120) for child in children] == [0] * 6
+    assert len(runs.read_text().splitlines()) == 1
+
+
+_UPLOAD = r"""
+import sys, time
+import numpy as np
+from arrowstash import StandardSerializer
+from arrowstash.backends.object_store import ObjectStoreBackend, Tuning
+from arrowstash.entry.format import EntryWriter, Key
+from arrowstash.serializers.arrays import ArraySerializer
+
+backend = ObjectStoreBackend(sys.argv[1], tuning=Tuning(multipart_from=5 << 20,
+                             part_bytes=5 << 20, max_concurrency=1, spool_dir=sys.argv[2]))
+array = np.ones(200 << 20, dtype=np.uint8)
+print("uploading", flush=True)
+backend.set(EntryWriter(Key("ns", "f", bytes(16)), ArraySerializer().encode(array), 1.0, None))
+print("done", flush=True)
+"""
+
+
+def test_an_upload_killed_midway_leaves_no_entry(s3_server: S3Server, unique_prefix: str,
+                                                 tmp_path: Path) -> None:
+    import boto3
+
+    url = s3_server.url(unique_prefix)
+    child = subprocess.Popen([sys.executable, "-c", _UPLOAD, url, str(tmp_path)],
+                             env=_env(s3_server), stdout=subprocess.PIPE, text=True)
+    s3 = boto3.client("s3", endpoint_url=s3_server.endpoint, region_name=s3_server.REGION,
+                      aws_access_key_id=s3_server.KEY_ID,
+                      aws_secret_access_key=s3_server.SECRET)
+    try:
+        deadline = time.monotonic() + 60
+        while not s3.list_multipart_uploads(Bucket=s3_server.BUCKET,
+                                            Prefix=unique_prefix).get("Uploads"):
+            assert child.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        uploading = s3.list_multipart_uploads(Bucket=s3_server.BUCKET, Prefix=unique_prefix)
+        (upload,) = uploading["Uploads"]
+        while not s3.list_parts(Bucket=s3_server.BUCKET, Key=upload["Key"],
+                                UploadId=upload["UploadId"]).get("Parts"):
+            assert child.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=10)
+    assert child.stdout is not None and "done" not in child.stdout.read()
+    backend = ObjectStoreBackend(url, **s3_server.credentials)
+    assert backend.get(Key("ns", "f", bytes(16))) is None  # parts went up, no object
+    assert list(backend.entries()) == []
+    assert list(tmp_path.iterdir()) == []  # the spool file was unlinked when it was made
+    s3.abort_multipart_upload(Bucket=s3_server.BUCKET, Key=upload["Key"],
+                              UploadId=upload["UploadId"])
+
+
+def test_an_expired_entry_is_stored_with_its_expiry(s3_backend: ObjectStoreBackend) -> None:
+    key = Key("ns", "f", bytes(16))
+    s3_backend.set(EntryWriter(key, StandardSerializer().encode(1), time.time(),
+                               time.time() - 1))
+    stored = s3_backend.get(key)
+    assert stored is not None and parse_entry(stored.data).header.expired(time.time())
+
+
+def test_a_lock_whose_owner_died_expires_with_its_lease(s3_backend: ObjectStoreBackend) -> None:
+    key = Key("ns", "f", bytes(16))
+    path = s3_backend._path(key, ".lock")
+    import obstore
+
+    dead = json.dumps({"owner": "gone", "until": time.time() + 0.5}).encode()
+    obstore.put(s3_backend._store, path, dead, mode="create")
+    with s3_backend.lock(key, timeout=0.2) as held:
+        assert not held  # the lease runs on
+    started = time.monotonic()
+    with s3_backend.lock(key, timeout=5.0) as held:
+        assert held and time.monotonic() - started < 2.0
+    with s3_backend.lock(key, timeout=0.1) as held:
+        assert held  # released by its new owner
+
+
+def test_bad_urls_are_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="names no bucket"):
+        ObjectStoreBackend("s3:///prefix")
+    with pytest.raises(ValueError, match="part_bytes must be at least 5 MiB"):
+        Tuning(part_bytes=1024)
