@@ -65,6 +65,8 @@ ERRORS = {
     18: "out of memory",
     19: "{detail} is not a time of day ({what})",
     20: "{what} nests deeper than {detail} levels",
+    21: "{what} holds more items that take no bytes than the input's size plus the limit of "
+        "{detail} allows (ARROWSTASH_AVRO_MAX_EMPTY_ITEMS)",
 }
 # Exclusive upper bounds of the time-of-day logical types (``param`` of their INT/LONG nodes).
 _TIME_BOUNDS = {"time-millis": 86_400_000, "time-micros": 86_400_000_000}
