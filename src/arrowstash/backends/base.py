@@ -51,6 +51,10 @@ class Capabilities:
     #: The backend guards its store with a circuit breaker, whose state is ``breaker.state``
     #: (a :class:`Breakered`): metrics export it.
     breaker: bool = False
+    #: The backend refuses a store that other users can write (owner and permissions of its
+    #: folders, checked at first use) unless it is shared on purpose; an instance that accepted
+    #: such a store declares ``shared`` in its own ``capabilities``.
+    checks_owner: bool = False
 
 
 class Held(IntEnum):

@@ -3,35 +3,53 @@
 Writers stream into a temporary file and rename it into place, so a reader opens either the old
 or the new entry, never a half-written one, and an open (or mapped) entry keeps its bytes after
 being replaced or deleted. Nothing is ever rewritten in place.
+
+The folder is trusted only when this user alone can write it (``_file_trust``); the temporary
+files, the shared size ledger and the safe system calls live in ``_file_io`` and ``_file_space``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import os
 import re
-import secrets
-import time
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import xxhash
 
-from arrowstash.backends._mmap import map_private
+from arrowstash import config
+from arrowstash.backends._file_io import (
+    ENTRY_FLAGS,
+    NOT_AN_ENTRY,
+    TEMP_FOLDER,
+    folder_beneath,
+    fsync_folder,
+    new_temp,
+    read_large,
+    regular_size,
+    write_temp,
+)
+from arrowstash.backends._file_space import (
+    LEDGER_WAIT,
+    LOCKS_FOLDER,
+    SUFFIX,
+    Ledger,
+    logger,
+    scan,
+)
+from arrowstash.backends._file_trust import FolderGuard
 from arrowstash.backends._urls import local_path
 from arrowstash.backends.base import Capabilities, Held, Stored, take_lock
 from arrowstash.entry.format import ALIGN, EntryWriter, Key
 from arrowstash.entry.listing import EntryInfo, describe_file
 from arrowstash.errors import BackendError, CorruptEntryError
 
-SUFFIX = ".ast"
-_TEMP_SUFFIX = ".tmp"
-_STALE_TEMP_SECONDS = 3600.0
-#: Entries whose in-memory sections reach this size get their disk space reserved first.
-_RESERVE_FROM = 4 << 20
 #: Bytes read at the first attempt: a page, which holds most small entries whole.
 _FIRST_READ = 4096
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -45,31 +63,20 @@ def _folder_name(name: str) -> str:
     return f"{safe}~{xxhash.xxh3_64_hexdigest(name.encode())[:8]}"
 
 
-class _FileSink:
-    def __init__(self, fd: int, unhashed_from: int) -> None:
-        self._fd = fd
-        self.unhashed_from = unhashed_from
-
-    def write(self, data: Any) -> None:
-        view = memoryview(data)
-        while view.nbytes:
-            view = view[os.write(self._fd, view) :]
-
-    def patch(self, offset: int, data: bytes) -> None:
-        os.pwrite(self._fd, data, offset)
-
-
 class FileBackend:
     """Entries as files under ``directory`` (created with mode 0700).
 
-    ``max_bytes`` caps the folder by evicting least recently used entries; ``durable`` fsyncs
-    each entry and its folder before it becomes visible. Entries of ``mmap_threshold`` bytes or
-    more are read through a private memory map instead of being read in. ``encrypt=True`` makes
-    every cached function using this backend encrypt its entries (docs/encryption.md).
+    ``max_bytes`` caps the folder, shared by every process writing to it, by evicting least
+    recently used entries; ``durable`` fsyncs each entry and its folder before it becomes
+    visible. Entries of ``mmap_threshold`` bytes or more are read through a private memory map
+    instead of being read in. ``encrypt=True`` makes every cached function using this backend
+    encrypt its entries (docs/encryption.md). A folder that others can write to is refused
+    unless a secret is set or ``shared=True`` says it is shared on purpose; it is then treated
+    as a shared store (docs/security.md).
     """
 
     capabilities = Capabilities(shared=False, remote=False, streams_writes=True, maps_reads=True,
-                                lists_entries=True, native_ttl=False)
+                                lists_entries=True, native_ttl=False, checks_owner=True)
 
     def __init__(
         self,
@@ -79,50 +86,88 @@ class FileBackend:
         mmap_threshold: int = 1 << 20,
         *,
         encrypt: bool = False,
+        shared: bool = False,
     ) -> None:
         if max_bytes is not None and max_bytes <= 0:
             raise ValueError(f"max_bytes must be positive or None, not {max_bytes!r}")
         if isinstance(directory, str):  # a path or file://, never redis://host as a folder
             directory = local_path(directory)
         self.directory = Path(directory).expanduser().absolute()
+        self._root = root = str(self.directory)
         self.max_bytes = max_bytes
         self.durable = durable
         self.mmap_threshold = max(mmap_threshold, ALIGN)
         self._first_read = min(_FIRST_READ, self.mmap_threshold)  # a full one may need a map
         self.encrypt = encrypt
-        self._written_since_scan = 0
-        self._known_size: int | None = None
         self._folders: dict[tuple[str, str], str] = {}
+        self._ledger = Ledger(root, max_bytes) if max_bytes is not None else None
         try:
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._guard = FolderGuard(root, tolerate=shared or config.secret() is not None)
         except OSError as exc:
             raise BackendError(f"cannot create cache folder {self.directory}: {exc}") from exc
+        #: Resolve every path without following links: others may swap folders for links.
+        self._beneath = False
+        if shared or not self._guard.trusted:
+            self._share()
 
     def __repr__(self) -> str:
         return f"FileBackend({str(self.directory)!r}, max_bytes={self.max_bytes!r})"
 
+    def _share(self) -> None:
+        """Treat the folder as shared: entries that run code need a secret (the pipeline reads
+        this instance's ``capabilities.shared``), and no path component is trusted."""
+        self.capabilities = dataclasses.replace(type(self).capabilities, shared=True)
+        self._beneath = True
+
     def path(self, key: Key) -> str:
         folder = self._folders.get((key.namespace, key.function))
         if folder is None:
-            folder = os.path.join(
-                self.directory, _folder_name(key.namespace), _folder_name(key.function)
-            )
-            self._folders[(key.namespace, key.function)] = folder
+            folder = self._resolve(key.namespace, key.function)
         name = key.digest.hex()
         return f"{folder}/{name[:2]}/{name}{SUFFIX}"
+
+    def _resolve(self, namespace: str, function: str) -> str:
+        """The function's folder, checked with its namespace's and its own subfolders (once)."""
+        outer = os.path.join(self._root, _folder_name(namespace))
+        folder = os.path.join(outer, _folder_name(function))
+        self._guard.check(outer, children=False)
+        self._guard.check(folder, children=True)
+        if not self._guard.trusted and not self._beneath:
+            self._share()
+        self._folders[(namespace, function)] = folder
+        return folder
+
+    def _parts(self, path: str) -> tuple[list[str], str]:
+        """The folders of ``path`` below the root, and its file name."""
+        *folders, name = os.path.relpath(path, self._root).split(os.sep)
+        return folders, name
+
+    def _open(self, path: str) -> int:
+        if not self._beneath:
+            return os.open(path, ENTRY_FLAGS)
+        folders, name = self._parts(path)
+        fd = folder_beneath(self._root, folders, create=False)
+        try:
+            return os.open(name, ENTRY_FLAGS, dir_fd=fd)
+        finally:
+            os.close(fd)
 
     def get(self, key: Key) -> Stored | None:
         path = self.path(key)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = self._open(path)
         except FileNotFoundError:
             return None
         except OSError as exc:
+            if exc.errno in _NOT_AN_ENTRY:  # a link, socket, FIFO... planted in its place
+                return NOT_AN_ENTRY
             raise BackendError(f"cannot open {path}: {exc}") from exc
         try:
             # Most entries are small: one read of a fixed size, and a short read gives the
             # size without an fstat. A file is never rewritten in place, so whatever size it
-            # has is the size of one complete (or truncated, which parsing reports) entry.
+            # has is the size of one complete (or truncated, which parsing reports) entry. A
+            # short read cannot hang (O_NONBLOCK); a full one is only read on from a regular file.
             first = self._first_read
             data = bytearray(first)  # writable: loaded arrays may view it
             got = os.readv(fd, [data])
@@ -133,48 +178,33 @@ class FileBackend:
                 fingerprint = bytes(view[:ALIGN]) if got >= ALIGN else None
                 stored = tuple.__new__(Stored, (view, False, fingerprint))  # skips a Python call
             else:
-                stored = self._read_large(fd, data)
+                stored = read_large(fd, data, self.mmap_threshold)
+            if self.max_bytes is not None:
+                with contextlib.suppress(OSError):
+                    os.utime(fd)  # recency for LRU eviction
         except OSError as exc:
+            if exc.errno in _NOT_AN_ENTRY:
+                return NOT_AN_ENTRY
             raise BackendError(f"cannot read {path}: {exc}") from exc
         finally:
             os.close(fd)
-        if self.max_bytes is not None:
-            with contextlib.suppress(OSError):
-                os.utime(path)  # recency for LRU eviction
         return stored
 
-    def _read_large(self, fd: int, first: bytearray) -> Stored:
-        size = os.fstat(fd).st_size
-        if size >= self.mmap_threshold:
-            return Stored(map_private(fd, size), mapped=True)
-        data = bytearray(size)
-        done = len(first)
-        data[:done] = first
-        if size > done:
-            os.preadv(fd, [memoryview(data)[done:]], done)
-        return Stored(memoryview(data), False, bytes(data[:ALIGN]))
-
     def set(self, entry: EntryWriter) -> int:
-        key = entry.key
-        path = self.path(key)
-        folder = os.path.dirname(path)
-        temp = f"{folder}/.{key.hex}.{os.getpid()}.{secrets.token_hex(4)}{_TEMP_SUFFIX}"
+        path = self.path(entry.key)
         try:
-            fd = self._create(temp, folder)
+            temp, fd = new_temp(self._root)
         except OSError as exc:
-            raise BackendError(f"cannot create {temp}: {exc}") from exc
+            raise BackendError(f"cannot create a temporary file in {self._root}: {exc}") from exc
         try:
             try:
-                planned = _reserve(fd, entry)
-                sink = _FileSink(fd, self.mmap_threshold)
-                size = entry.write(sink)
-                if planned:
-                    os.ftruncate(fd, size)  # in case the reservation outgrew the entry
-                if self.durable:
-                    os.fsync(fd)
+                size = write_temp(fd, entry, self.mmap_threshold, self.durable)
             finally:
                 os.close(fd)
-            os.replace(temp, path)
+            if self._ledger is None:
+                self._place(temp, path)
+            else:
+                self._place_counted(temp, path, size)
         except BaseException as exc:
             with contextlib.suppress(OSError):
                 os.unlink(temp)
@@ -182,139 +212,155 @@ class FileBackend:
                 raise BackendError(f"cannot write {path}: {exc}") from exc
             raise
         if self.durable:
-            _fsync_folder(folder)
-        if self.max_bytes is not None:
-            self._account(size)
+            fsync_folder(os.path.dirname(path))
         return size
 
-    def _create(self, temp: str, folder: str) -> int:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    def _place(self, temp: str, path: str) -> None:
+        """Rename the written temporary file to ``path``, making missing folders (0700)."""
+        if self._beneath:
+            folders, name = self._parts(path)
+            fd = folder_beneath(self._root, folders, create=True)
+            try:
+                os.replace(temp, name, dst_dir_fd=fd)
+            finally:
+                os.close(fd)
+            return
         try:
-            return os.open(temp, flags, 0o600)
+            os.replace(temp, path)
         except FileNotFoundError:
-            os.makedirs(folder, mode=0o700, exist_ok=True)
-            return os.open(temp, flags, 0o600)
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            os.replace(temp, path)
+
+    def _place_counted(self, temp: str, path: str, size: int) -> None:
+        """Place the entry and account for it in the shared ledger, evicting past the cap,
+        all under the ledger's lock so that no two writers count on the same total."""
+        assert self._ledger is not None
+        with self._ledger.held(LEDGER_WAIT) as ledger:
+            replaced = regular_size(path)
+            self._place(temp, path)
+            if ledger is None:  # busy too long: leave the total to the next writer's scan
+                logger.warning("size ledger of %s busy for %g s; it will be recounted",
+                               self._root, LEDGER_WAIT)
+                self._ledger.forget()
+                return
+            try:
+                self._ledger.add(ledger, size - replaced)
+            except OSError as exc:  # the entry is stored; only its accounting failed
+                logger.warning("cannot update the size ledger of %s: %s", self._root, exc)
+                self._ledger.forget()
 
     def delete(self, key: Key) -> bool:
+        path = self.path(key)
         try:
-            os.unlink(self.path(key))
+            if self._beneath:
+                folders, name = self._parts(path)
+                fd = folder_beneath(self._root, folders, create=False)
+                try:
+                    os.unlink(name, dir_fd=fd)
+                finally:
+                    os.close(fd)
+            else:
+                os.unlink(path)
         except FileNotFoundError:
             return False
         except OSError as exc:
-            raise BackendError(f"cannot delete {self.path(key)}: {exc}") from exc
+            if exc.errno in _NOT_AN_ENTRY:  # a folder or link where the entry belongs
+                logger.warning("cannot delete %s, which is not an entry: %s", path, exc)
+                return False
+            raise BackendError(f"cannot delete {path}: {exc}") from exc
         return True
 
     def clear(self, namespace: str | None = None, function: str | None = None) -> int:
+        """Delete entries (and dead writers' temporary files). Takes no lock: never waits."""
         if function is not None and namespace is None:
             raise ValueError("clear(function=...) needs the namespace too")
-        root = self.directory
+        root = self._root
         if namespace is not None:
-            root = root / _folder_name(namespace)
+            root = os.path.join(root, _folder_name(namespace))
             if function is not None:
-                root = root / _folder_name(function)
+                root = os.path.join(root, _folder_name(function))
         removed = 0
-        for path in self._files(root):
-            with contextlib.suppress(FileNotFoundError):
+        for path in self._entry_files(root):
+            try:
                 os.unlink(path)
-                removed += path.endswith(SUFFIX)
-        self._known_size = None
+                removed += 1
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                logger.warning("cannot delete %s: %s", path, exc)
+        scan(self._root, entries=False)  # removes what dead writers left
+        if self._ledger is not None:
+            self._ledger.forget()
         return removed
 
-    def _files(self, root: Path) -> Iterator[str]:
-        """Entry files below ``root``, and temporary files left by writers that died."""
-        stale = time.time() - _STALE_TEMP_SECONDS
-        for folder, _dirs, names in os.walk(root):
+    def _entry_files(self, root: str) -> Iterator[str]:
+        """Entry files below ``root`` (links and other non-files included, so that clear
+        removes them), never below the temporary or lock folders."""
+        for folder, dirs, names in os.walk(root):
+            if folder == self._root:
+                dirs[:] = [d for d in dirs if d not in (TEMP_FOLDER, LOCKS_FOLDER)]
             for name in names:
-                path = os.path.join(folder, name)
                 if name.endswith(SUFFIX):
-                    yield path
-                elif name.endswith(_TEMP_SUFFIX):
-                    with contextlib.suppress(OSError):
-                        if os.stat(path).st_mtime < stale:
-                            yield path
+                    yield os.path.join(folder, name)
 
     def entries(self, namespace: str | None = None) -> Iterator[EntryInfo]:
         """Every readable entry, from its header and trailer; unreadable files are skipped."""
-        root = self.directory / _folder_name(namespace) if namespace else self.directory
-        for path in self._files(root):
-            if not path.endswith(SUFFIX):
-                continue
+        root = os.path.join(self._root, _folder_name(namespace)) if namespace else self._root
+        for path in self._entry_files(root):
             try:
+                if not stat.S_ISREG(os.lstat(path).st_mode):
+                    continue  # a FIFO would block the reader
                 yield describe_file(path)
             except (OSError, CorruptEntryError):
                 continue
 
     def stats(self) -> dict[str, Any]:
-        count = size = 0
-        for path in self._files(self.directory):
-            if not path.endswith(SUFFIX):
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                size += os.stat(path).st_size
-                count += 1
+        """Entries and bytes on disk; ``bytes`` counts the temporary files of writers still
+        running (those of dead writers are removed first), as the cap does."""
+        found = scan(self._root)
         return {
             "backend": "file",
-            "directory": str(self.directory),
-            "entries": count,
-            "bytes": size,
+            "directory": self._root,
+            "entries": len(found.entries),
+            "bytes": found.total,
+            "temporary_files": found.temps,
             "max_bytes": self.max_bytes,
         }
 
-    # -- eviction ---------------------------------------------------------------------------
-
-    def _account(self, size: int) -> None:
-        self._written_since_scan += size
-        assert self.max_bytes is not None
-        if self._known_size is None or self._known_size + self._written_since_scan > self.max_bytes:
-            self.evict()
-
     def evict(self) -> int:
-        """Delete least recently used entries until the folder is under 90% of ``max_bytes``.
-
-        One process evicts at a time (the others skip it); readers are unaffected because a file
-        that is open or mapped keeps its bytes after unlinking.
+        """Delete least recently used entries until the folder is under 90% of ``max_bytes``;
+        how many. Waits at most a few seconds for writers holding the ledger (then: 0, logged);
+        readers are unaffected because an open or mapped file keeps its bytes after unlinking.
         """
-        if self.max_bytes is None:
+        if self._ledger is None:
             return 0
-        with self._exclusive(".evict.lock", timeout=0.0) as held:
-            if not held:
+        with self._ledger.held(LEDGER_WAIT) as ledger:
+            if ledger is None:
+                logger.warning("size ledger of %s busy for %g s: eviction skipped",
+                               self._root, LEDGER_WAIT)
                 return 0
-            files = []
-            for path in self._files(self.directory):
-                with contextlib.suppress(FileNotFoundError):
-                    st = os.stat(path)
-                    files.append((st.st_mtime_ns, st.st_size, path))
-            total = sum(size for _, size, _ in files)
-            removed = 0
-            if total > self.max_bytes:
-                goal = self.max_bytes * 0.9
-                for _, size, path in sorted(files):
-                    if total <= goal:
-                        break
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(path)
-                        removed += 1
-                    total -= size
-            self._known_size = total
-            self._written_since_scan = 0
-            return removed
+            try:
+                return self._ledger.rescan(ledger)
+            except OSError as exc:
+                logger.warning("eviction in %s failed: %s", self._root, exc)
+                return 0
 
     # -- locks ------------------------------------------------------------------------------
 
     def lock(self, key: Key, timeout: float) -> contextlib.AbstractContextManager[Held]:
-        return self._exclusive(f".locks/{key.hex}.lock", timeout)
+        return self._exclusive(f"{LOCKS_FOLDER}/{key.hex}.lock", timeout)
 
     @contextlib.contextmanager
     def _exclusive(self, name: str, timeout: float) -> Iterator[Held]:
         """An flock-held file; the holder unlinks it before unlocking, so waiters re-check that
         the file they locked is still the one at the path."""
-        path = os.path.join(self.directory, name)
+        path = os.path.join(self._root, name)
         fd = -1
 
         def attempt() -> bool:
             nonlocal fd
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
             except FileNotFoundError:
                 try:
                     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
@@ -344,23 +390,6 @@ class FileBackend:
                 os.close(fd)
 
 
-def _reserve(fd: int, entry: EntryWriter) -> int:
-    """Allocate the disk blocks of a large entry before writing it (as np.save does): the
-    filesystem then allocates extents once instead of page by page, which makes writing a large
-    array markedly faster. Returns the bytes reserved (0: none)."""
-    planned = entry.planned_size()
-    if planned < _RESERVE_FROM or not hasattr(os, "posix_fallocate"):
-        return 0
-    try:
-        os.posix_fallocate(fd, 0, planned)
-    except OSError:  # not supported by this filesystem: write without it
-        return 0
-    return planned
-
-
-def _fsync_folder(folder: str) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+#: Errors that mean something other than an entry file sits at an entry's path.
+_NOT_AN_ENTRY = frozenset((errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.EAGAIN,
+                           errno.ENODEV, errno.EOPNOTSUPP))
