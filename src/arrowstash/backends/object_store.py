@@ -157,7 +157,8 @@ class ObjectStoreBackend:
         #: Clouds and servers are shared and remote; the memory and local stores are neither.
         cloud = scheme in CLOUD_SCHEMES
         self.capabilities = Capabilities(shared=cloud, remote=cloud, streams_writes=True,
-                                         maps_reads=False, lists_entries=True, native_ttl=False)
+                                         maps_reads=False, lists_entries=True, native_ttl=False,
+                                         breaker=True)
 
     def __repr__(self) -> str:
         return f"ObjectStoreBackend({self.url!r})"
