@@ -378,7 +378,8 @@ def test_isal_inflates_exactly_like_zlib(payload: bytes, level: int,
                                          flips: list[tuple[int, int]]) -> None:
     """Same bytes out for every stream, and a corrupt stream refused by both or by neither."""
     pytest.importorskip("isal")
-    from arrowstash.avro.ocf import _Corrupt, _inflate
+    from arrowstash.avro.ocf_codecs import Corrupt as _Corrupt
+    from arrowstash.avro.ocf_codecs import _inflate
 
     squeeze = zlib.compressobj(level, zlib.DEFLATED, -15)
     stream = bytearray(squeeze.compress(payload) + squeeze.flush())
@@ -396,17 +397,17 @@ def test_isal_inflates_exactly_like_zlib(payload: bytes, level: int,
 
 def test_deflate_reads_with_zlib_when_isal_is_not_installed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from arrowstash.avro import ocf
+    from arrowstash.avro import ocf_codecs
 
     path = _fastavro_file(tmp_path / "d.avro", "deflate", block=37)
     monkeypatch.setitem(sys.modules, "isal", None)  # what an absent package looks like to import
-    ocf._inflater.cache_clear()
+    ocf_codecs.inflater.cache_clear()
     try:
-        assert ocf._inflater()[1] == (zlib.error,)
+        assert ocf_codecs.inflater()[1] == (zlib.error,)
         assert _rows(read_ocf(path, threads=2)) == RECORDS
         assert _rows(read_ocf(path, threads=1)) == RECORDS
     finally:
-        ocf._inflater.cache_clear()
+        ocf_codecs.inflater.cache_clear()
 
 
 def test_a_damaged_header_schema_is_a_decode_error(tmp_path: Path) -> None:

@@ -174,14 +174,15 @@ def decode_stream(
 
 def decode_deflated(
     blocks: Sequence[Any], counts: Sequence[int], schema: SchemaLike, *,
-    validate_utf8: bool = True,
+    validate_utf8: bool = True, max_bytes: int | None = None,
 ) -> pa.RecordBatch | None:
     """Raw-deflate blocks of ``counts`` datums, inflated and decoded one by one by the native
-    decoder in a single GIL-free call, into one batch; None if a block is bad (the caller then
-    runs ``decode_blocks`` in order for the error). Needs ``native_inflate_available()``."""
+    decoder in a single GIL-free call, into one batch; None if a block is bad or they inflate
+    past ``max_bytes`` in all (the caller then runs ``decode_blocks`` in order for the error).
+    Needs ``native_inflate_available()``."""
     plan = _compiled(parse_schema(schema))
     stream = _cdecode.BlockStream(plan.native, validate_utf8, True)
-    if not stream.feed(blocks, counts, 0):
+    if not stream.feed(blocks, counts, 0, -1 if max_bytes is None else max_bytes):
         return None
     columns = stream.finish()
     return None if columns is None else decode_plan.assemble(plan, columns)

@@ -13,18 +13,16 @@ file.
 
 from __future__ import annotations
 
-import bz2
 import dataclasses
 import functools
-import lzma
 import os
 import re
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, BinaryIO, TypeAlias, cast
+from typing import IO, Any, BinaryIO, TypeAlias
 
 import pyarrow as pa
 
@@ -39,18 +37,35 @@ from arrowstash.avro.encoder import encode
 from arrowstash.avro.framing import offsets_and_data
 from arrowstash.avro.from_arrow import from_arrow_schema
 from arrowstash.avro.numpy_import import numpy as np
+from arrowstash.avro.ocf_codecs import (
+    CODECS,
+    COMPRESS,
+    DECOMPRESS,
+    DECOMPRESS_ERRORS,
+    INFLATE_MAX_RATIO,
+    Budget,
+    TooLarge,
+    bounded,
+    codec_name,
+    decompress_block,
+    inflater,
+)
+from arrowstash.avro.ocf_codecs import Corrupt as _Corrupt
 from arrowstash.avro.resolve import pruned, resolve
 from arrowstash.avro.schema import Record, Schema, parse_schema
 from arrowstash.avro.threads import thread_count
 from arrowstash.errors import AvroDecodeError, AvroSchemaError
 
-__all__ = ["CODECS", "Header", "header_of", "read_header", "read_ocf", "write_ocf"]
+__all__ = ["CODECS", "MAX_BYTES", "MAX_ROWS", "Header", "codec_name", "header_of", "read_header",
+           "read_ocf", "write_ocf"]
 
 MAGIC = b"Obj\x01"
 SYNC_SIZE = 16
-#: Codec names as the specification spells them; "zstd" is accepted for "zstandard".
-CODECS = ("null", "deflate", "snappy", "zstandard", "bzip2", "xz")
-_ALIASES = {"zstd": "zstandard", None: "null"}
+#: ``read_ocf``'s default limits: the rows a file's blocks may declare in all, and the bytes its
+#: compressed blocks may decompress to in all. A few kilobytes of zstandard can declare 2**30
+#: rows or inflate to gigabytes; files past these need ``max_rows``/``max_bytes`` said outright.
+MAX_ROWS = 1 << 28
+MAX_BYTES = 1 << 32
 
 #: Where a file is read from: a path (memory-mapped), a binary file object, or bytes in memory.
 Source: TypeAlias = "str | os.PathLike[str] | BinaryIO | IO[bytes] | bytes | memoryview | pa.Buffer"
@@ -100,8 +115,6 @@ class _Truncated(Exception):
     pass
 
 
-class _Corrupt(Exception):
-    pass
 
 
 def _long(value: int) -> bytes:
@@ -209,128 +222,6 @@ def _blocks(data: memoryview, header: Header) -> tuple[list[_Block], AvroDecodeE
     return blocks, None
 
 
-# -- codecs -----------------------------------------------------------------------------------
-
-def codec_name(codec: str | None) -> str:
-    """The specification's name of ``codec`` ("zstd" -> "zstandard", None -> "null")."""
-    name = _ALIASES.get(codec, codec)
-    if name not in CODECS:
-        raise ValueError(f"unknown Avro codec {codec!r}; choose one of {CODECS} (or 'zstd')")
-    return str(name)
-
-
-def _snappy_module() -> Any:
-    for module in ("cramjam", "snappy"):
-        try:
-            return __import__(module)
-        except ImportError:
-            continue
-    raise ImportError("the snappy codec needs Arrow's snappy or a package: "
-                      "pip install cramjam (or python-snappy)")
-
-
-def _snappy_decompress(data: memoryview) -> bytes | pa.Buffer:
-    if len(data) < 4:
-        raise _Corrupt("snappy block shorter than its CRC")
-    body, crc = data[:-4], bytes(data[-4:])
-    if pa.Codec.is_available("snappy"):
-        out: bytes | pa.Buffer = pa.Codec("snappy").decompress(
-            body, decompressed_size=_uvarint(body))
-    else:
-        module = _snappy_module()
-        out = bytes(module.snappy.decompress_raw(bytes(body)) if module.__name__ == "cramjam"
-                    else module.decompress(bytes(body)))
-    if zlib.crc32(out).to_bytes(4, "big") != crc:
-        raise _Corrupt("snappy block fails its CRC-32 check")
-    return out
-
-
-def _snappy_compress(data: memoryview) -> bytes:
-    if pa.Codec.is_available("snappy"):
-        body = pa.Codec("snappy").compress(data, asbytes=True)
-    else:
-        module = _snappy_module()
-        body = bytes(module.snappy.compress_raw(bytes(data)) if module.__name__ == "cramjam"
-                     else module.compress(bytes(data)))
-    return bytes(body) + zlib.crc32(data).to_bytes(4, "big")
-
-
-def _uvarint(data: memoryview) -> int:
-    """The uncompressed length snappy stores in front of its raw format."""
-    result = shift = 0
-    for byte in data[:5]:
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result
-        shift += 7
-    raise _Corrupt("snappy block has no valid length preamble")
-
-
-def _zstd_decompress(data: memoryview) -> pa.Buffer:
-    # A stream, not pa.Codec: Java's writer leaves the content size out of its frames.
-    return pa.CompressedInputStream(pa.BufferReader(data), "zstd").read_buffer()
-
-
-@functools.cache
-def _inflater() -> tuple[Callable[[memoryview], bytes], tuple[type[Exception], ...]]:
-    """Raw (RFC 1951) inflate and its error types: ISA-L's when the ``isal`` package is
-    installed (the ``avro`` extra; two to three times zlib's speed, same output), else zlib."""
-    try:
-        from isal import isal_zlib
-    except ImportError:
-        return (lambda data: zlib.decompress(data, -15)), (zlib.error,)
-    isal_error = cast("type[Exception]", isal_zlib.error)  # its stub calls it an instance
-    return (lambda data: isal_zlib.decompress(data, wbits=-15)), (zlib.error, isal_error)
-
-
-def _inflate(data: memoryview) -> bytes:
-    inflate, errors = _inflater()
-    try:
-        return inflate(data)
-    except errors as exc:
-        raise _Corrupt(str(exc)) from None
-
-
-_DECOMPRESS: dict[str, Callable[[memoryview], Any]] = {
-    "null": lambda data: data,
-    "deflate": _inflate,
-    "snappy": _snappy_decompress,
-    "zstandard": _zstd_decompress,
-    "bzip2": bz2.decompress,
-    "xz": lzma.decompress,
-}
-
-
-def _deflate(data: memoryview, level: int | None) -> bytes:
-    compressor = zlib.compressobj(6 if level is None else level, zlib.DEFLATED, -15)
-    return compressor.compress(data) + compressor.flush()
-
-
-_COMPRESS: dict[str, Callable[[memoryview, int | None], Any]] = {
-    "null": lambda data, level: data,
-    "deflate": _deflate,
-    "snappy": lambda data, level: _snappy_compress(data),
-    "zstandard": lambda data, level: pa.Codec("zstd", level).compress(data, asbytes=True),
-    "bzip2": lambda data, level: bz2.compress(data, 9 if level is None else level),
-    "xz": lambda data, level: lzma.compress(data, preset=level),
-}
-
-
-#: What a codec raises on a corrupt block.
-_DECOMPRESS_ERRORS = (_Corrupt, zlib.error, OSError, EOFError, ValueError, pa.ArrowException,
-                      lzma.LZMAError)
-
-
-def _decompress(codec: str, block: _Block) -> Any:
-    try:
-        return _DECOMPRESS[codec](block.data)
-    except _DECOMPRESS_ERRORS as exc:
-        raise AvroDecodeError(
-            f"block {block.index} at byte {block.offset}: cannot {codec}-decompress its "
-            f"{len(block.data)} bytes: {exc}"
-        ) from None
-
-
 # -- reading ----------------------------------------------------------------------------------
 
 def _open(source: Source) -> pa.Buffer:
@@ -346,18 +237,24 @@ def _open(source: Source) -> pa.Buffer:
 
 
 def read_ocf(source: Source, *, threads: int | None = None,
-             columns: Sequence[str] | None = None, reader_schema: Any = None) -> pa.Table:
+             columns: Sequence[str] | None = None, reader_schema: Any = None,
+             max_rows: int | None = MAX_ROWS, max_bytes: int | None = MAX_BYTES) -> pa.Table:
     """Read an Object Container File into a table.
 
     ``source`` is a path (memory-mapped), a binary file object or bytes. ``columns`` keeps only
     those top-level fields (the others are read past, not decoded); ``reader_schema`` resolves
     the writer's schema to it (added fields with defaults, promotions, aliases, ...). Blocks are
-    decompressed and decoded on ``threads`` threads (default: the usable cores).
+    decompressed and decoded on ``threads`` threads (default: the usable cores). A file whose
+    blocks declare more than ``max_rows`` rows, or whose compressed blocks decompress to more
+    than ``max_bytes`` bytes in all, is refused with AvroDecodeError before it is decoded
+    (None: no limit), so a small hostile file cannot take minutes or gigabytes.
     """
+    _check_limit("max_rows", max_rows)
+    _check_limit("max_bytes", max_bytes)
     data = memoryview(_open(source))
     header = read_header(data)
     codec = header.codec
-    if codec not in _DECOMPRESS:
+    if codec not in DECOMPRESS:
         raise AvroDecodeError(f"the file uses codec {codec!r}, which is not one of {CODECS}")
     try:
         writer = _header_schema(header.schema_json)
@@ -369,12 +266,17 @@ def read_ocf(source: Source, *, threads: int | None = None,
     if reader is not None:  # the fields the reader drops are read past, never decoded
         writer = pruned(writer, reader)
     blocks, broken = _blocks(data, header)
+    rows = sum(block.count for block in blocks)
+    if max_rows is not None and rows > max_rows:
+        raise AvroDecodeError(f"the file's blocks declare {rows} rows, more than "
+                              f"max_rows={max_rows}; pass a larger max_rows (or None) to read it")
     workers = thread_count(threads)
+    budget = Budget(max_bytes)
     batches = None
     if broken is None and codec != "null" and blocks:
-        batches = _read_runs(codec, blocks, writer, workers)
+        batches = _read_runs(codec, blocks, writer, workers, budget)
     if batches is None:  # uncompressed, or a bad block: in file order, one batch
-        batches = [_read_blocks(codec, blocks, writer, workers)]
+        batches = [_read_blocks(codec, blocks, writer, workers, budget)]
         if broken is not None:
             raise broken
     if reader is not None:
@@ -386,6 +288,12 @@ def read_ocf(source: Source, *, threads: int | None = None,
             raise KeyError(f"no column(s) {missing} in the file; it has {table.column_names}")
         table = table.select(list(columns))
     return table
+
+
+def _check_limit(name: str, value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 0):
+        raise ValueError(f"{name} must be a non-negative int or None, not {value!r}")
 
 
 @functools.lru_cache(maxsize=32)
@@ -408,9 +316,10 @@ def _projection(writer: Schema, columns: Sequence[str]) -> Schema:
     return Schema(dataclasses.replace(root, fields=kept), {})
 
 
-def _read_blocks(codec: str, blocks: list[_Block], writer: Any, threads: int) -> pa.RecordBatch:
+def _read_blocks(codec: str, blocks: list[_Block], writer: Any, threads: int,
+                 budget: Budget) -> pa.RecordBatch:
     """Decompress then decode ``blocks`` as one batch; the first bad block raises."""
-    raw = [_decompress(codec, block) for block in blocks]
+    raw = [decompress_block(codec, block, budget) for block in blocks]
     try:
         return decode_blocks(
             [(payload, block.count) for payload, block in zip(raw, blocks, strict=True)],
@@ -444,25 +353,37 @@ def _runs(blocks: list[_Block], n: int) -> list[list[_Block]]:
 _BLOCKS_PER_FEED = 8
 
 
-def _read_runs(codec: str, blocks: list[_Block], writer: Any,
-               workers: int) -> list[pa.RecordBatch] | None:
+def _read_runs(codec: str, blocks: list[_Block], writer: Any, workers: int,
+               budget: Budget) -> list[pa.RecordBatch] | None:
     """One batch per run of blocks, each run decompressed and decoded by its own thread (the
     calling thread takes the first run), a few blocks at a time, so that the inflated blocks are
     decoded while they are in the cache and freed at once (deflate blocks one at a time, in one
     native call per run, where libdeflate is there); None if any block fails (the caller then
-    reads in file order to report the first bad one)."""
-    decompress, errors = _DECOMPRESS[codec], _DECOMPRESS_ERRORS
+    reads in file order to report the first bad one). Each run may decompress to its share of
+    ``budget``; a run past it also returns None (the file-order read then holds the whole file
+    to the whole budget)."""
+    decompress, errors = DECOMPRESS[codec], (*DECOMPRESS_ERRORS, TooLarge)
     natively = codec == "deflate" and native_inflate_available()
+    total = sum(len(block.data) for block in blocks)
     if codec == "deflate":  # the inflater itself: its errors are caught below, once per run
-        decompress, inflate_errors = _inflater()
+        inflate, inflate_errors = inflater()
         errors = (*errors, *inflate_errors)
 
-    def inflated(blocks: list[_Block]) -> Iterator[tuple[list[Any], list[int], int]]:
+        def decompress(data: memoryview, room: int) -> Any:
+            if len(data) * INFLATE_MAX_RATIO + 65536 > room:
+                return bounded(zlib.decompressobj(-15), data, room)
+            return inflate(data)
+
+    def inflated(blocks: list[_Block], share: Budget
+                 ) -> Iterator[tuple[list[Any], list[int], int]]:
         packed = sum(len(block.data) for block in blocks)
         done = raw = 0
         for at in range(0, len(blocks), _BLOCKS_PER_FEED):
             group = blocks[at : at + _BLOCKS_PER_FEED]
-            payloads = [decompress(block.data) for block in group]
+            payloads = []
+            for block in group:
+                payloads.append(decompress(block.data, share.left))
+                share.left -= memoryview(payloads[-1]).nbytes
             size = sum(memoryview(payload).nbytes for payload in payloads)
             sent = sum(len(block.data) for block in group)
             # these blocks' and the later ones' decoded bytes, at the ratio seen so far
@@ -472,11 +393,13 @@ def _read_runs(codec: str, blocks: list[_Block], writer: Any,
             yield payloads, [block.count for block in group], left
 
     def run(blocks: list[_Block]) -> pa.RecordBatch | None:
+        share = budget.share(sum(len(block.data) for block in blocks), total)
         if natively:
             return decode_deflated([block.data for block in blocks],
-                                   [block.count for block in blocks], writer)
+                                   [block.count for block in blocks], writer,
+                                   max_bytes=share.max_bytes)
         try:
-            return decode_stream(inflated(blocks), writer)
+            return decode_stream(inflated(blocks, share), writer)
         except errors:
             return None
 
@@ -539,7 +462,7 @@ def write_ocf(table: pa.Table | pa.RecordBatch, destination: Destination, schema
     bounds = _block_bounds(offsets, block_bytes)
     view = payload.data
     slices = [view[int(offsets[a]) : int(offsets[b])] for a, b in bounds]
-    compress = _COMPRESS[name]
+    compress = COMPRESS[name]
     if name == "null" or workers == 1 or len(slices) < 2:
         compressed = [compress(s, level) for s in slices]
     else:

@@ -64,6 +64,7 @@ typedef struct {
     int nnodes, busy, failed, finished, presized;
     Ctx *ctx;
     int64_t done;     /* bytes decoded */
+    int64_t max_done; /* bytes a deflated stream may inflate to in all, or -1: no limit */
     void *inflater;   /* a libdeflate decompressor: blocks come deflated */
     uint8_t *inflated; /* the block being decoded, inflated */
     size_t inflated_cap;
@@ -121,17 +122,22 @@ static int stream_init(Stream *self, PyObject *args, PyObject *kwds) {
 }
 
 /* Inflate seg into self->inflated, growing it (and inflating again) while it is too small, up
- * to deflate's largest expansion of the block; the inflated size, or -1 if the block is not raw
- * deflate data or memory runs out. */
+ * to deflate's largest expansion of the block and what is left of max_done; the inflated size,
+ * or -1 if the block is not raw deflate data, inflates past that, or memory runs out. */
 static int64_t inflate_block(Stream *self, const Seg *seg) {
     size_t in = (size_t)seg->len, got = 0;
     if (in > (SIZE_MAX - 65536) / INFLATE_MAX_RATIO) return -1;
     size_t limit = in * INFLATE_MAX_RATIO + 65536;
+    if (self->max_done >= 0) {
+        int64_t room = self->max_done - self->done;
+        if (room < 1) room = 1;
+        if ((uint64_t)room < limit) limit = (size_t)room;
+    }
     for (;;) {
         if (self->inflated_cap) {
             int r = libdeflate.inflate(self->inflater, seg->ptr, in, self->inflated,
                                        self->inflated_cap, &got);
-            if (r == INFLATE_OK) return (int64_t)got;
+            if (r == INFLATE_OK) return got > limit ? -1 : (int64_t)got;
             if (r != INFLATE_NO_ROOM || self->inflated_cap >= limit) return -1;
         }
         size_t cap = self->inflated_cap ? self->inflated_cap : 32768; /* doubled at least once */
@@ -174,19 +180,20 @@ static void feed_deflated(Stream *self, const Seg *segs, Py_ssize_t n) {
     }
 }
 
-/* feed(blocks, counts, bytes_left): decode counts[i] datums that fill blocks[i] exactly (once
- * inflated, for a deflated stream), for each block in turn; bytes_left guesses the decoded bytes
- * of these blocks and the ones after them (0: unknown; a deflated stream guesses itself), to
- * size the buffers once. Several blocks per call: a call takes the GIL back, which another
+/* feed(blocks, counts, bytes_left[, max_done]): decode counts[i] datums that fill blocks[i]
+ * exactly (once inflated, for a deflated stream: to max_done bytes in all, if given), for each
+ * block in turn; bytes_left guesses the decoded bytes of these blocks and the ones after them
+ * (0: unknown; a deflated stream guesses itself), to size the buffers once. Several blocks per call: a call takes the GIL back, which another
  * thread of the caller may hold. Returns whether every block so far was good. */
 static PyObject *stream_feed(Stream *self, PyObject *args) {
     PyObject *blocks, *counts;
-    long long left;
+    long long left, max_done = -1;
     if (!self->ctx || self->finished || self->busy) {
         PyErr_SetString(PyExc_RuntimeError, "BlockStream is not ready to feed");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "OOL", &blocks, &counts, &left)) return NULL;
+    if (!PyArg_ParseTuple(args, "OOL|L", &blocks, &counts, &left, &max_done)) return NULL;
+    self->max_done = max_done < 0 ? -1 : max_done;
     PyObject *bs = PySequence_Fast(blocks, "blocks must be a sequence");
     PyObject *cs = bs ? PySequence_Fast(counts, "counts must be a sequence") : NULL;
     Py_ssize_t n = bs ? PySequence_Fast_GET_SIZE(bs) : 0, held = 0;
@@ -267,7 +274,7 @@ static PyObject *stream_finish(Stream *self, PyObject *unused) {
 
 static PyMethodDef stream_methods[] = {
     {"feed", (PyCFunction)stream_feed, METH_VARARGS,
-     "feed(blocks, counts, bytes_left) -> whether every block so far was good"},
+     "feed(blocks, counts, bytes_left[, max_done]) -> whether every block so far was good"},
     {"finish", (PyCFunction)stream_finish, METH_NOARGS,
      "finish() -> the columns, or None if a block was bad"},
     {NULL, NULL, 0, NULL},
