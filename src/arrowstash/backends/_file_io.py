@@ -107,9 +107,8 @@ def is_orphan(name: str, mtime: float, now: float) -> bool:
 class FileSink:
     """Where an :class:`EntryWriter` streams an entry: the temporary file's descriptor."""
 
-    def __init__(self, fd: int, unhashed_from: int) -> None:
+    def __init__(self, fd: int) -> None:
         self._fd = fd
-        self.unhashed_from = unhashed_from
 
     def write(self, data: Any) -> None:
         view = memoryview(data)
@@ -120,10 +119,10 @@ class FileSink:
         os.pwrite(self._fd, data, offset)
 
 
-def write_temp(fd: int, entry: EntryWriter, unhashed_from: int, durable: bool) -> int:
+def write_temp(fd: int, entry: EntryWriter, durable: bool) -> int:
     """Stream ``entry`` into the temporary file ``fd``; its size."""
     planned = reserve(fd, entry)
-    size = entry.write(FileSink(fd, unhashed_from))
+    size = entry.write(FileSink(fd))
     if planned:
         os.ftruncate(fd, size)  # the reservation may have outgrown the entry (a temporary file)
     if durable:

@@ -198,7 +198,7 @@ class FileBackend:
             raise BackendError(f"cannot create a temporary file in {self._root}: {exc}") from exc
         try:
             try:
-                size = write_temp(fd, entry, self.mmap_threshold, self.durable)
+                size = write_temp(fd, entry, self.durable)
             finally:
                 os.close(fd)
             if self._ledger is None:

@@ -67,8 +67,6 @@ def _scrub(text: str) -> str:
 class _SpoolSink:
     """A temporary file the entry is streamed into; the header is patched in place at the end."""
 
-    unhashed_from = None  # read back whole over the network: every section is checked
-
     def __init__(self, fd: int) -> None:
         self._fd = fd
 
