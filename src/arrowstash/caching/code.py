@@ -39,15 +39,17 @@ def _users(module_name: str | None) -> bool:
     """Whether ``module_name`` is the user's code (a script, notebook or project module)."""
     if not module_name:
         return False
+    if module_name == "__main__":  # a script or a notebook
+        return True
     top = module_name.partition(".")[0]
     if top == "arrowstash" or top in sys.stdlib_module_names or top == "builtins":
         return False
     module = sys.modules.get(module_name)
-    if module is None:
-        return module_name == "__main__"
+    if module is None:  # code run by exec() in a namespace of its own
+        return True
     file = getattr(module, "__file__", None)
     if file is None:
-        return module_name == "__main__" or not hasattr(module, "__path__")
+        return not hasattr(module, "__path__")
     return not file.startswith(_installed_roots())
 
 
@@ -79,7 +81,9 @@ class _Walk:
         self.seen.add(id(func))
         code = func.__code__
         self.feed(b"fn", func.__qualname__.encode())
-        self.code(code, skip_doc=func.__doc__ is not None)
+        # the docstring (or the None standing in for it) is text, not code
+        self.code(code, skip_doc=code.co_name != "<lambda>" and code.co_consts[:1] == (
+            func.__doc__,))
         self.value(func.__defaults__)
         self.value(func.__kwdefaults__)
         for cell in func.__closure__ or ():
