@@ -20,7 +20,8 @@ setup(
                 f"{NATIVE}/_cdecode_batch.c",
                 f"{NATIVE}/_cdecode_blocks.c",
             ],
-            depends=[f"{NATIVE}/_cdecode.h", f"{NATIVE}/_pool.h", f"{NATIVE}/_reuse.h"],
+            depends=[f"{NATIVE}/_cdecode.h", f"{NATIVE}/_pool.h", f"{NATIVE}/_reuse.h",
+                     f"{NATIVE}/_utf8.h"],
             extra_compile_args=["-O3", "-pthread", "-Wall", "-Wno-missing-field-initializers"],
             extra_link_args=["-pthread"],
             libraries=["dl"],  # dlopen: libdeflate, where the system has it

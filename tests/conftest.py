@@ -152,6 +152,8 @@ BACKENDS = [
     pytest.param("redis", marks=pytest.mark.redis),
     pytest.param("redis_cluster", marks=pytest.mark.redis),
     pytest.param("memcached", marks=pytest.mark.memcached),
+    pytest.param("s3", marks=pytest.mark.s3),
+    pytest.param("object_memory", marks=pytest.mark.s3),
 ]
 
 
@@ -167,3 +169,30 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
 
 def _is_memcached(made: Backend) -> bool:
     return not made.capabilities.lists_entries
+
+
+# -- object stores --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[Any]:
+    from servers import S3Server
+
+    server = S3Server().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_backend(s3_server: Any, unique_prefix: str) -> Any:
+    from arrowstash.backends.object_store import ObjectStoreBackend
+
+    return ObjectStoreBackend(s3_server.url(unique_prefix), **s3_server.credentials)
+
+
+@pytest.fixture
+def object_memory_backend(unique_prefix: str) -> Any:
+    require_module("obstore", "s3")
+    from arrowstash.backends.object_store import ObjectStoreBackend
+
+    return ObjectStoreBackend(f"objstore+memory://{unique_prefix}")

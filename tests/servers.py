@@ -366,3 +366,72 @@ class MemcachedServer:
             return None
         flag = next(f for f in reply[1:] if f.startswith("t"))
         return int(flag[1:])
+
+
+class S3Server:
+    """moto's S3-compatible server (``ThreadedMotoServer``) on a loopback port, with one bucket.
+
+    It runs in this process's threads; :meth:`stop` and :meth:`restart` (same port, and a fresh,
+    empty state, as moto keeps objects in memory) let tests cut the store off mid-run."""
+
+    BUCKET = "arrowstash-test"
+    REGION = "us-east-1"
+    KEY_ID, SECRET = "test-key-id", "test-secret-key"
+
+    def __init__(self) -> None:
+        require_module("obstore", "s3")
+        require_module("moto", "s3")
+        import logging
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+        self.port = 0
+        self.server: Any = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def url(self, prefix: str) -> str:
+        return f"s3://{self.BUCKET}/{prefix}?endpoint={self.endpoint}&region={self.REGION}"
+
+    @property
+    def credentials(self) -> dict[str, str]:
+        return {"access_key_id": self.KEY_ID, "secret_access_key": self.SECRET}
+
+    @property
+    def environment(self) -> dict[str, str]:
+        """The standard variables that give these credentials to any S3 client."""
+        return {"AWS_ACCESS_KEY_ID": self.KEY_ID, "AWS_SECRET_ACCESS_KEY": self.SECRET,
+                "AWS_DEFAULT_REGION": self.REGION, "AWS_REGION": self.REGION}
+
+    def start(self) -> S3Server:
+        from moto.server import ThreadedMotoServer
+
+        for attempt in range(START_ATTEMPTS):
+            self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port)
+            try:
+                self.server.start()
+                break
+            except OSError:
+                if attempt == START_ATTEMPTS - 1:
+                    raise
+        self.port = self.server.get_host_and_port()[1]
+        self._make_bucket()
+        return self
+
+    def _make_bucket(self) -> None:
+        import urllib.request
+
+        # an anonymous PUT of the bucket: moto's server does not check signatures
+        request = urllib.request.Request(f"{self.endpoint}/{self.BUCKET}", method="PUT")
+        with urllib.request.urlopen(request, timeout=READY_TIMEOUT) as reply:
+            assert reply.status == 200
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()

@@ -141,7 +141,6 @@ def test_no_module_past_the_limit(limit: int) -> None:
     assert not long, long
 
 
-@pytest.mark.xfail(strict=True, reason="four avro functions are split next")
 def test_functions_are_short_and_take_few_parameters() -> None:
     """No function over 60 lines or with more than 8 parameters, but the public cache()."""
     found = []

@@ -30,6 +30,7 @@ EXPECTED_ALL = {
     "Key",
     "MemcachedBackend",
     "MemoryBackend",
+    "ObjectStoreBackend",
     "RedisBackend",
     "SerializationError",
     "Serializer",

@@ -23,6 +23,7 @@ from arrowstash.serializers import (
 
 if TYPE_CHECKING:
     from arrowstash.backends.memcached import MemcachedBackend
+    from arrowstash.backends.object_store import ObjectStoreBackend
     from arrowstash.backends.redis import RedisBackend
     from arrowstash.serializers.arrow import ArrowSerializer
     from arrowstash.serializers.avro import AvroSerializer
@@ -35,6 +36,7 @@ _LAZY = {
     "ArrowSerializer": "arrowstash.serializers.arrow",
     "AvroSerializer": "arrowstash.serializers.avro",
     "MemcachedBackend": "arrowstash.backends.memcached",
+    "ObjectStoreBackend": "arrowstash.backends.object_store",
     "RedisBackend": "arrowstash.backends.redis",
 }
 
@@ -74,6 +76,7 @@ __all__ = [
     "Key",
     "MemcachedBackend",
     "MemoryBackend",
+    "ObjectStoreBackend",
     "RedisBackend",
     "SerializationError",
     "Serializer",

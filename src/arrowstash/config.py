@@ -4,7 +4,8 @@
   on a file or network URL makes it encrypt every entry.
 - ``ARROWSTASH_ARROW_COMPRESSION``: "zstd", "lz4" or "none", overriding the per-backend default
   compression of frames.
-- ``ARROWSTASH_SECRET``: the key that signs pickled entries (see the buffers serializer).
+- ``ARROWSTASH_MAX_VALUE_BYTES``: how far a compressed stored value may expand when loaded.
+- ``ARROWSTASH_SECRET``: the key that signs every entry (docs/network-security.md).
 - ``ARROWSTASH_KEY``: the base64 AES-256 key of ``encrypt=True``; ``ARROWSTASH_PREVIOUS_KEYS``:
   older keys, comma-separated, that still decrypt (see docs/encryption.md).
 - ``XDG_CACHE_HOME`` (or the platform's equivalent): where the default File backend lives.
@@ -46,6 +47,18 @@ def arrow_compression(default: str | None) -> str | None:
     raise ValueError(f"ARROWSTASH_ARROW_COMPRESSION={raw!r}: expected zstd, lz4 or none")
 
 
+def max_value_bytes(stored: int) -> int:
+    """How many bytes a stored section of ``stored`` bytes may decompress to when loaded:
+    ``ARROWSTASH_MAX_VALUE_BYTES`` if set, else 1024 times its size or 1 GiB, the larger."""
+    raw = os.environ.get("ARROWSTASH_MAX_VALUE_BYTES", "").strip()
+    if not raw:
+        return max(1 << 30, stored << 10)
+    if not raw.isdigit() or not int(raw):
+        raise ValueError(f"ARROWSTASH_MAX_VALUE_BYTES={raw!r}: expected a positive number of "
+                         "bytes")
+    return int(raw)
+
+
 def secret() -> bytes | None:
     value = os.environ.get("ARROWSTASH_SECRET")
     return value.encode() if value else None
@@ -66,6 +79,17 @@ def avro_native() -> bool:
 def avro_libdeflate() -> bool:
     """Whether the native Avro decoder may inflate deflate blocks with libdeflate."""
     return os.environ.get("ARROWSTASH_AVRO_LIBDEFLATE", "1") != "0"
+
+
+def avro_max_empty_items() -> int:
+    """How many array or map items that take no bytes (nulls, empty records) one decode may
+    produce beyond its input's size in bytes: the bound on the work of a tiny hostile message."""
+    raw = os.environ.get("ARROWSTASH_AVRO_MAX_EMPTY_ITEMS", "").strip()
+    if not raw:
+        return 1 << 20
+    if not raw.isdigit():
+        raise ValueError(f"ARROWSTASH_AVRO_MAX_EMPTY_ITEMS={raw!r}: expected a count >= 0")
+    return int(raw)
 
 
 def usable_cpus() -> int:

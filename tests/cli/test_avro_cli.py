@@ -185,3 +185,52 @@ def test_single_object_framing_round_trip(
     code, _, err = _run(capsys, "avro", "decode", "--schema", other, "--framing",
                         "single-object", tmp_path / "out.bin", "-o", tmp_path / "x.parquet")
     assert code == 2 and "schema fingerprint" in err
+
+
+def test_encode_writes_the_schema_it_derived_and_decode_reads_it_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = pa.table({"city": ["Oslo", "Lima"], "pop": [709, 10_000]})
+    pq.write_table(table, tmp_path / "cities.parquet")
+    code, out, _ = _run(capsys, "avro", "encode", tmp_path / "cities.parquet",
+                        "-o", tmp_path / "cities.bin")
+    beside = tmp_path / "cities.bin.avsc"
+    assert code == 0 and f"wrote the writer schema to {beside}" in out
+    code, _, _ = _run(capsys, "avro", "decode", "--schema", beside, tmp_path / "cities.bin",
+                      "-o", tmp_path / "back.parquet")
+    assert code == 0 and pq.read_table(tmp_path / "back.parquet").equals(table)
+    code, _, _ = _run(capsys, "avro", "encode", tmp_path / "cities.parquet",
+                      "-o", tmp_path / "c.avro", "--schema-out", tmp_path / "c.avsc")
+    assert code == 0
+    with open(tmp_path / "c.avro", "rb") as f:
+        assert json.loads((tmp_path / "c.avsc").read_text()) == fastavro.reader(f).writer_schema
+
+
+def test_decode_of_a_container_file_points_to_convert(
+    tmp_path: Path, avsc: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with open(tmp_path / "trips.avro", "wb") as f:
+        fastavro.writer(f, fastavro.parse_schema(SCHEMA), RECORDS)
+    code, out, err = _run(capsys, "avro", "decode", "--schema", avsc, tmp_path / "trips.avro",
+                          "-o", tmp_path / "t.parquet")
+    assert (code, out) == (2, "")
+    assert "is an Avro Object Container File" in err and "arrowstash avro convert" in err
+    assert not (tmp_path / "t.parquet").exists()
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".arrow", ".jsonl"])
+def test_convert_a_container_file(
+    tmp_path: Path, suffix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with open(tmp_path / "trips.avro", "wb") as f:
+        fastavro.writer(f, fastavro.parse_schema(SCHEMA), RECORDS, codec="deflate")
+    target = tmp_path / f"trips{suffix}"
+    code, out, _ = _run(capsys, "avro", "convert", tmp_path / "trips.avro", "-o", target)
+    assert code == 0 and f"converted 250 records (deflate) into {target}" in out
+    if suffix == ".jsonl":
+        rows = [json.loads(line) for line in target.read_text().splitlines()]
+    elif suffix == ".parquet":
+        rows = pq.read_table(target).to_pylist()
+    else:
+        rows = pa.ipc.open_file(pa.memory_map(str(target))).read_all().to_pylist()
+    assert rows == RECORDS

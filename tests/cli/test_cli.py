@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,32 +64,61 @@ def _count_entry_files(folder: Path) -> int:
     return len(list(folder.rglob("*.ast")))
 
 
+def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
+    code, out, err = _run(capsys, *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
 @pytest.mark.parametrize("form", ["url", "path"])
 def test_ls_lists_every_entry(
     folder: Path, capsys: pytest.CaptureFixture[str], form: str
 ) -> None:
     target = f"file://{folder}" if form == "url" else str(folder)
-    code, out, _ = _run(capsys, "ls", target)
-    assert code == 0
-    lines = out.strip().splitlines()
-    header, rows, summary = lines[0], lines[1:-1], lines[-1]
-    assert header.split()[:3] == ["namespace", "function", "key"]
+    rows = _json(capsys, "ls", target)
     assert len(rows) == ENTRIES
-    assert summary.startswith(f"{ENTRIES} entries")
-    assert sum(row.startswith("alpha") for row in rows) == ALPHA
-    assert sum(row.startswith("beta") for row in rows) == BETA
-    assert sum(row.rstrip().endswith("expired") for row in rows) == EXPIRED
-    assert sum(row.rstrip().endswith("never") for row in rows) == ENTRIES - EXPIRED
-    assert sum("fleeting" in row for row in rows) == 2
-    assert all("standard" in row for row in rows)
+    assert sum(row["namespace"] == "alpha" for row in rows) == ALPHA
+    assert sum(row["namespace"] == "beta" for row in rows) == BETA
+    assert sum(row["expired"] for row in rows) == EXPIRED
+    assert sum(row["expires"] == 0 for row in rows) == ENTRIES - EXPIRED
+    assert sum(row["function"].endswith("fleeting") for row in rows) == 2
+    assert {row["serializer"] for row in rows} == {"standard"}
+    code, out, _ = _run(capsys, "ls", target)
+    lines = out.strip().splitlines()
+    assert code == 0 and lines[0].split()[:3] == ["namespace", "function", "key"]
+    assert len(lines) == ENTRIES + 2 and lines[-1].startswith(f"{ENTRIES} entries, ")
+    assert sum(line.rstrip().endswith("expired") for line in lines) == EXPIRED
+    assert "\x1b" not in out  # no colour when piped
+    assert all(line == line.rstrip() for line in lines)  # and no padding after the last column
 
 
-def test_ls_of_one_namespace(folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_ls_of_one_namespace_says_one_entry(
+    folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out, _ = _run(capsys, "ls", str(folder), "--namespace", "beta")
     assert code == 0
     rows = out.strip().splitlines()[1:-1]
     assert len(rows) == 1 and rows[0].startswith("beta") and "label" in rows[0]
-    assert out.strip().splitlines()[-1].startswith("1 entries")
+    assert out.strip().splitlines()[-1].startswith("1 entry, ")
+
+
+def test_ls_columns_stay_aligned_at_any_name_length(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    backend = FileBackend(tmp_path)
+
+    def f(x: int) -> int:
+        return x
+
+    for name in ("f", "a_function_name_well_past_forty_characters_long_" * 2):
+        f.__qualname__ = name
+        cache(backend=backend)(f)(1)
+    _, out, _ = _run(capsys, "ls", str(tmp_path))
+    header, *rows, _summary = out.splitlines()
+    for column in (2, 3, 6):  # key, serializer, expires
+        starts = {line.index(" " + line.split()[column]) for line in rows}
+        assert len(starts) == 1, out
+    assert header.index("key") == rows[0].index(rows[0].split()[2])
 
 
 def test_ls_uses_arrowstash_url_by_default(
@@ -100,14 +132,36 @@ def test_ls_uses_arrowstash_url_by_default(
 
 def test_info_summarises(folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
     Path(folder / "alpha" / "junk.ast").write_bytes(b"not an entry")
+    info = _json(capsys, "info", f"file://{folder}")
+    assert (info["entries"], info["files"], info["expired"]) == (ENTRIES, ENTRIES + 1, EXPIRED)
+    assert info["serializers"] == {"standard": ENTRIES}
+    assert str(folder) in info["backend"]
+    assert info["avro_codec"] == "native"
+    by_ns = Counter()
+    for function in info["functions"]:
+        by_ns[function["namespace"]] += function["entries"]
+    assert by_ns == {"alpha": ALPHA, "beta": BETA}
     code, out, _ = _run(capsys, "info", f"file://{folder}")
     assert code == 0
-    assert f"{ENTRIES} readable, {ENTRIES + 1} files" in out
-    assert f"expired     {EXPIRED}" in out
-    assert f"namespace   alpha: {ALPHA} entries" in out
-    assert f"namespace   beta: {BETA} entries" in out
-    assert f"standard: {ENTRIES}" in out
-    assert str(folder) in out
+    assert out.startswith("backend ")
+    assert f"{ENTRIES} entries readable, {ENTRIES + 1} files" in out
+    assert "avro codec   native" in out
+
+
+@pytest.mark.parametrize("command", [["ls"], ["info"], ["purge", "--all"]])
+def test_a_missing_folder_is_refused_and_not_created(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = tmp_path / "nothing-here"
+    for target in (str(missing), f"file://{missing}"):
+        code, out, err = _run(capsys, command[0], target, *command[1:])
+        assert (code, out) == (1, "")
+        assert f"no cache at {missing}" in err
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # the default location
+    code, _, err = _run(capsys, *command)
+    assert code == 1 and f"no cache at {tmp_path / 'xdg' / 'arrowstash'}" in err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_purge_expired(folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -123,9 +177,10 @@ def test_purge_expired(folder: Path, capsys: pytest.CaptureFixture[str]) -> None
 def test_purge_namespace(folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(capsys, "purge", f"file://{folder}", "--namespace", "alpha")
     assert (code, out.strip()) == (0, f"removed {ALPHA} entries")
+    code, out, _ = _run(capsys, "purge", f"file://{folder}", "--namespace", "beta")
+    assert (code, out.strip()) == (0, "removed 1 entry")
     _, out, _ = _run(capsys, "ls", str(folder))
-    rows = out.strip().splitlines()[1:-1]
-    assert len(rows) == BETA and rows[0].startswith("beta")
+    assert out.strip() == "0 entries, 0 B"
 
 
 def test_purge_all(folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -171,25 +226,36 @@ def test_human_age(s: float, text: str) -> None:
 
 
 @pytest.mark.slow
-def test_demo_runs(tmp_path: Path) -> None:
-    env = dict(os.environ)
-    result = subprocess.run(
-        [sys.executable, "-m", "arrowstash", "demo", "--dir", str(tmp_path / "demo")],
-        capture_output=True, text=True, timeout=180, env=env,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "hit" in result.stdout
-    assert str(tmp_path / "demo") in result.stdout
+def test_demo_keeps_its_folder_and_a_second_run_hits_disk(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    folder, chart = tmp_path / "demo", tmp_path / "demo.png"
+
+    def demo(*extra: str) -> list[str]:
+        result = subprocess.run(
+            [sys.executable, "-m", "arrowstash", "demo", "--dir", str(folder), *extra],
+            capture_output=True, text=True, timeout=180, env=dict(os.environ),
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert f"arrowstash ls {folder}" in result.stdout and "compression none" in result.stdout
+        return [line.split() for line in result.stdout.splitlines()]
+
+    first = demo("--plot", str(chart))
+    jobs = [line for line in first if line[-1:] == ["True"]]
+    assert len(jobs) == 3 and all("miss" in line for line in jobs)
+    assert chart.read_bytes().startswith(b"\x89PNG")
+    again = [line for line in demo() if line[-1:] == ["True"]]  # a new process, the same folder
+    assert len(again) == 3 and all("(disk)" in line for line in again)
+    assert len(list(FileBackend(folder).entries("demo"))) == 3
 
 
 def test_info_shows_each_function(folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(capsys, "info", f"file://{folder}")
     assert code == 0
-    lines = [line for line in out.splitlines() if line.startswith("function    ")]
+    lines = [line.split() for line in out.splitlines() if line.startswith(("alpha ", "beta "))]
     assert len(lines) == 3
-    fleeting = next(line for line in lines if ".fleeting:" in line)
-    assert fleeting.startswith("function    alpha/") and ": 2 entries, " in fleeting
-    assert ", 2 expired, newest " in fleeting
+    [fleeting] = [line for line in lines if line[1].endswith(".fleeting")]
+    assert fleeting[0] == "alpha" and fleeting[2] == "2"  # entries
+    assert fleeting[5] == "2" and fleeting[-1] == "old"  # expired, newest ... old
 
 
 @pytest.mark.parametrize("kind", [pytest.param("redis", marks=pytest.mark.redis),
@@ -213,17 +279,17 @@ def test_info_shows_the_server_counters(
 
     for x in (1, 1, 1, 2):
         f(x)
-    code, out, _ = _run(capsys, "info", server.url)
-    assert code == 0
-    [line] = [line for line in out.splitlines() if line.startswith("server      ")]
-    counters = dict(part.rsplit(" ", 1) for part in line[12:].split(" (")[0].split(", ")
-                    if not part.startswith("memory"))
+    info = _json(capsys, "info", server.url)
+    counters = info["server"]
     assert int(counters["hits"]) >= 2 and int(counters["misses"]) >= 2
-    assert "breaker     closed" in out
+    assert info["breaker"] == "closed"
     if kind != "memcached":  # memcached cannot list its keys
-        assert f"function    default/{f._core.name}: 2 entries" in out  # type: ignore[attr-defined]
+        [mine] = [x for x in info["functions"] if x["function"] == f._core.name]  # type: ignore[attr-defined]
+        assert mine["entries"] == 2
     else:
         assert int(counters["items"]) >= 2
+    code, out, _ = _run(capsys, "info", server.url)
+    assert code == 0 and "breaker      closed" in out and "server " in out
     f.cache_clear()
     backend.close()  # type: ignore[attr-defined]
 
@@ -239,18 +305,57 @@ def test_bench_times_each_value_and_leaves_nothing_behind(
     server = None if kind == "file" else request.getfixturevalue(f"{kind}_factory")()
     url = f"file://{folder}" if server is None else server.url
     before = [e.key for e in backends.from_url(url).entries()]
-    code, out, _ = _run(capsys, "bench", url, "--rows", "5000", "--mib", "2", "--repeats", "2")
-    assert code == 0, out
-    rows = {line.split()[0]: line.split() for line in out.splitlines()[3:] if line.strip()}
-    assert set(rows) == {"small", "frame", "array"}
+    folders = sorted(p for p in folder.rglob("*") if p.is_dir())
+    report = _json(capsys, "bench", url, "--rows", "5000", "--mib", "2", "--repeats", "2")
+    rows = {row["value"]: row for row in report["results"]}
+    assert set(rows) == {"small", "frame", "array"} and report["skipped"] == []
     serializers = {"small": "standard", "frame": "arrow", "array": "arrays"}
-    for name, fields in rows.items():
-        assert fields[-1] == "True"  # every hit gave the value back
+    for name, row in rows.items():
+        assert row["same"] and row["hit"] > 0 and row["store"] > 0
         if kind != "memcached":  # memcached cannot list entries, so neither size nor serializer
-            assert fields[1] == serializers[name]
+            assert row["serializer"] == serializers[name] and row["bytes"] > 0
     assert [e.key for e in backends.from_url(url).entries()] == before  # its namespace is gone
+    assert sorted(p for p in folder.rglob("*") if p.is_dir()) == folders  # and its folders
+
+
+def test_bench_prints_what_it_measured(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "bench", str(tmp_path / "new"), "--value", "small",
+                        "--repeats", "1")
+    assert code == 0
+    assert "store: a miss through @cache (encode + write)" in out and "L1 off" in out
+    [row] = [line.split() for line in out.splitlines() if line.startswith("small")]
+    assert row[1] == "standard" and row[-1] == "True"
+    assert list(tmp_path.iterdir()) == []  # the folder it created is gone too
 
 
 def test_bench_refuses_bad_sizes(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = _run(capsys, "bench", "memory://", "--repeats", "0")
     assert code == 2 and "--repeats, --rows and --mib must be positive" in err
+
+
+def test_brackets_in_names_and_values_are_printed_as_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def f(x: int) -> int:
+        return x
+
+    f.__qualname__ = "f[bold]"
+    cache(backend=FileBackend(tmp_path), namespace="[red]ns")(f)(1)
+    _, out, _ = _run(capsys, "ls", str(tmp_path))
+    assert "[red]ns" in out and "f[bold]" in out
+
+
+def test_a_missing_library_is_one_line_naming_the_extra(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "numpy", None)  # as if not installed
+    code, out, _ = _run(capsys, "bench", str(tmp_path), "--value", "small", "--value", "array",
+                        "--repeats", "1")
+    assert code == 0 and "skipped array: needs numpy (pip install 'arrowstash[numpy]')" in out
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    from arrowstash.cli import demo
+
+    monkeypatch.setattr(demo, "_jobs", demo._fallback_jobs)  # the quick job
+    code, out, err = _run(capsys, "demo", "--plot", str(tmp_path / "x.png"))
+    assert code == 2 and err == ("arrowstash: demo needs matplotlib "
+                                 "(pip install 'arrowstash[plot]')\n")

@@ -65,6 +65,8 @@ ERRORS = {
     18: "out of memory",
     19: "{detail} is not a time of day ({what})",
     20: "{what} nests deeper than {detail} levels",
+    21: "{what} holds more items that take no bytes than the input's size plus the limit of "
+        "{detail} allows (ARROWSTASH_AVRO_MAX_EMPTY_ITEMS)",
 }
 # Exclusive upper bounds of the time-of-day logical types (``param`` of their INT/LONG nodes).
 _TIME_BOUNDS = {"time-millis": 86_400_000, "time-micros": 86_400_000_000}
@@ -198,45 +200,29 @@ def _compile(t: AvroType, path: str, nodes: list[Node | None], skips: _Skips) ->
     what = f"{describe(t)} at {path}" if path else describe(t)
     if what_union:
         what = f"{what_union} at {path}"
-    param = size = 0
     children: tuple[int, ...] = ()
     symbols: tuple[str, ...] = ()
-    precision = 0
-    if isinstance(t, Primitive):
-        lt = t.logical_type
-        if lt == "uuid":
-            kind = UUID_STR
-        elif lt == "decimal":
-            kind, param, precision = DEC_BYTES, atype.byte_width, atype.precision
-        else:
-            kind = _SIMPLE[t.type]
-            param = _TIME_BOUNDS.get(lt or "", 0)
-    elif isinstance(t, Fixed):
-        kind, param = FIXED, t.size
-        if t.logical_type == "decimal":
-            kind, param, size = DEC_FIXED, atype.byte_width, t.size
-            precision = atype.precision
-        elif t.logical_type == "duration":
-            kind = DURATION
-    elif isinstance(t, Enum):
-        kind, param, symbols = ENUM, len(t.symbols), t.symbols
-    elif isinstance(t, Record):
-        kind = RECORD
-        children = skips.fields(t, path, nodes)
-    elif isinstance(t, Array):
-        kind = ARRAY
-        children = (_compile(t.items, path + "[]", nodes, skips),)
-    elif isinstance(t, Map):
-        kind = MAP
-        key = len(nodes)
-        key_what = f"map key at {path}"
-        nodes.append(Node(STRING, -1, 0, 0, (), pa.string(), path + "{key}", key_what, 1))
-        children = (key, _compile(t.values, path + "{}", nodes, skips))
+    if isinstance(t, (Primitive, Fixed, Enum)):
+        kind, param, size, symbols, precision = _leaf(t, atype)
     else:
-        kind, param = UNION, len(t.branches)
-        children = tuple(
-            _compile(b, f"{path}<{union_child_name(b)}>", nodes, skips) for b in t.branches
-        )
+        param = size = precision = 0
+        if isinstance(t, Record):
+            kind = RECORD
+            children = skips.fields(t, path, nodes)
+        elif isinstance(t, Array):
+            kind = ARRAY
+            children = (_compile(t.items, path + "[]", nodes, skips),)
+        elif isinstance(t, Map):
+            kind = MAP
+            key = len(nodes)
+            key_what = f"map key at {path}"
+            nodes.append(Node(STRING, -1, 0, 0, (), pa.string(), path + "{key}", key_what, 1))
+            children = (key, _compile(t.values, path + "{}", nodes, skips))
+        else:
+            kind, param = UNION, len(t.branches)
+            children = tuple(
+                _compile(b, f"{path}<{union_child_name(b)}>", nodes, skips) for b in t.branches
+            )
     if null_branch >= 0 or kind not in _MIN_SIZES:
         min_size = 1
     elif kind == RECORD:
@@ -248,6 +234,22 @@ def _compile(t: AvroType, path: str, nodes: list[Node | None], skips: _Skips) ->
     nodes[index] = Node(kind, null_branch, param, size, children, atype, path, what, min_size,
                         symbols, precision)
     return index
+
+
+def _leaf(t: Primitive | Fixed | Enum, atype: Any) -> tuple[int, int, int, tuple[str, ...], int]:
+    """The kind of a leaf node, its parameter, fixed size, enum symbols and decimal precision."""
+    if isinstance(t, Enum):
+        return ENUM, len(t.symbols), 0, t.symbols, 0
+    if isinstance(t, Fixed):
+        if t.logical_type == "decimal":
+            return DEC_FIXED, atype.byte_width, t.size, (), atype.precision
+        return (DURATION if t.logical_type == "duration" else FIXED), t.size, 0, (), 0
+    lt = t.logical_type
+    if lt == "uuid":
+        return UUID_STR, 0, 0, (), 0
+    if lt == "decimal":
+        return DEC_BYTES, atype.byte_width, 0, (), atype.precision
+    return _SIMPLE[t.type], _TIME_BOUNDS.get(lt or "", 0), 0, (), 0
 
 
 # Bytes the smallest value of a kind takes; kinds not listed (varint-led) take at least one.

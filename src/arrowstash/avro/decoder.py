@@ -25,7 +25,7 @@ from arrowstash.avro.schema import Schema, SchemaLike, parse_schema
 from arrowstash.avro.threads import thread_count
 from arrowstash.errors import AvroDecodeError
 
-__all__ = ["decode", "decode_blocks", "native_available"]
+__all__ = ["decode", "decode_blocks", "implementation", "native_available"]
 
 _cdecode: Any
 try:  # the compiled decoder; absent where the package was installed without a compiler
@@ -45,8 +45,22 @@ _NO_IDS = pa.array([], pa.int32())
 
 
 def native_available() -> bool:
-    """Whether the C decoder is built and not disabled by ``ARROWSTASH_AVRO_NATIVE=0``."""
-    return _cdecode is not None and config.avro_native()
+    """Whether the C decoder is built and not disabled by ``ARROWSTASH_AVRO_NATIVE=0``; where
+    it is, it takes the current limit of items that take no bytes."""
+    if _cdecode is None or not config.avro_native():
+        return False
+    _cdecode.set_free_items(config.avro_max_empty_items())
+    return True
+
+
+def implementation() -> str:
+    """The decoder in use, for people: "native", or "pure Python" with the reason (about two
+    orders of magnitude slower, same results)."""
+    if native_available():
+        return "native"
+    if _cdecode is None:
+        return "pure Python (the native core was not built: no C compiler at install)"
+    return "pure Python (ARROWSTASH_AVRO_NATIVE=0)"
 
 
 def native_inflate_available() -> bool:

@@ -87,23 +87,15 @@ class _Mapper:
     def type(self, t: pa.DataType, where: str, top_index: int | None = None,
              hint: str | None = None) -> Any:
         """The Avro type of ``t``; ``hint`` names a named type (a union child's name)."""
-        if pt.is_null(t):
-            return "null"
-        if pt.is_boolean(t):
-            return "boolean"
-        if pt.is_int8(t) or pt.is_int16(t) or pt.is_int32(t) or pt.is_uint8(t) or \
-                pt.is_uint16(t):
-            return "int"
-        if pt.is_int64(t) or pt.is_uint32(t):
-            return "long"
-        if pt.is_float16(t) or pt.is_float32(t):
-            return "float"
-        if pt.is_float64(t):
-            return "double"
-        if pt.is_string(t) or pt.is_large_string(t) or _is(t, "is_string_view"):
-            return "string"
-        if pt.is_binary(t) or pt.is_large_binary(t) or _is(t, "is_binary_view"):
-            return "bytes"
+        found = _primitive(t)
+        if found is None:
+            found = self.logical(t, where, hint)
+        if found is None:
+            found = self.nested(t, where, top_index, hint)
+        return found
+
+    def logical(self, t: pa.DataType, where: str, hint: str | None) -> Any:
+        """The Avro type of a logical or fixed-size Arrow type, else None."""
         if isinstance(t, pa.BaseExtensionType):
             if t.extension_name == "arrow.uuid":
                 return {"type": "string", "logicalType": "uuid"}
@@ -131,6 +123,10 @@ class _Mapper:
         if t == pa.month_day_nano_interval():
             return {"type": "fixed", "name": self.unique(hint or _type_name(where, "Duration")),
                     "size": 12, "logicalType": "duration"}
+        return None
+
+    def nested(self, t: pa.DataType, where: str, top_index: int | None, hint: str | None) -> Any:
+        """The Avro type of a dictionary, list, map, union or struct type."""
         if pt.is_dictionary(t):
             return self.dictionary(t, where, top_index)
         if pt.is_list(t) or pt.is_large_list(t) or pt.is_fixed_size_list(t) or \
@@ -198,3 +194,24 @@ def _type_name(where: str, fallback: str) -> str:
 def _is(t: pa.DataType, test: str) -> bool:
     check = getattr(pt, test, None)
     return bool(check(t)) if check is not None else False
+
+
+def _primitive(t: pa.DataType) -> str | None:
+    """The Avro primitive an Arrow type maps to, or None."""
+    if pt.is_null(t):
+        return "null"
+    if pt.is_boolean(t):
+        return "boolean"
+    if pt.is_int8(t) or pt.is_int16(t) or pt.is_int32(t) or pt.is_uint8(t) or pt.is_uint16(t):
+        return "int"
+    if pt.is_int64(t) or pt.is_uint32(t):
+        return "long"
+    if pt.is_float16(t) or pt.is_float32(t):
+        return "float"
+    if pt.is_float64(t):
+        return "double"
+    if pt.is_string(t) or pt.is_large_string(t) or _is(t, "is_string_view"):
+        return "string"
+    if pt.is_binary(t) or pt.is_large_binary(t) or _is(t, "is_binary_view"):
+        return "bytes"
+    return None

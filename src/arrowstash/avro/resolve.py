@@ -259,50 +259,70 @@ def _dense(r: Union, types: np.ndarray, offsets: np.ndarray,
 def _from_union(arr: pa.Array, w: Union, r: AvroType, path: str) -> pa.Array:
     """A writer union value: each writer branch resolved on its own, then put back together."""
     if is_nullable_union(w):
-        null_branch = w.branches[w.null_index or 0]
-        inner = w.branches[1 - (w.null_index or 0)]
-        if not isinstance(r, Union):
-            if arr.null_count and r.type != "null":
-                _unused(arr.is_null(), path, null_branch, r)
-            return _resolve(arr, inner, r, path)
-        null_to, inner_to = _branch_for(null_branch, r), _branch_for(inner, r)
-        if arr.null_count and null_to is None:
-            _unused(arr.is_null(), path, null_branch, r)
-        if inner_to is None:
-            _unused(arr.is_valid(), path, inner, r)
-            return pa.nulls(len(arr), arrow_type(r))
-        child = _resolve(arr, inner, r.branches[inner_to], path)
-        if is_nullable_union(r):
-            return child
-        valid = np.asarray(arr.is_valid())
-        types = np.where(valid, inner_to, null_to if null_to is not None else 0).astype(np.int8)
-        offsets = np.empty(len(arr), np.int32)
-        offsets[valid] = np.arange(int(valid.sum()), dtype=np.int32)
-        offsets[~valid] = np.arange(int((~valid).sum()), dtype=np.int32)
-        children = {inner_to: child.filter(pa.array(valid))}
-        if null_to is not None:
-            children[null_to] = pa.nulls(int((~valid).sum()), arrow_type(r.branches[null_to]))
-        return _dense(r, types, offsets, children)
+        return _from_nullable_union(arr, w, r, path)
     # A dense union: resolve every branch's child, then gather rows.
     types = np.asarray(arr.type_codes, dtype=np.int8)
     offsets = np.asarray(arr.offsets, dtype=np.int32)
-    used = np.bincount(types, minlength=len(w.branches)) > 0
     if isinstance(r, Union) and not is_nullable_union(r):
-        mapping = np.full(len(w.branches), -1, np.int8)
-        pieces: dict[int, list[pa.Array]] = {}
-        base = np.zeros(len(w.branches), np.int32)
-        for i, branch in enumerate(w.branches):
-            j = _branch_for(branch, r)
-            if j is None:
-                if used[i]:
-                    _unused(types == i, path, branch, r)
-                continue
-            mapping[i] = j
-            done = pieces.setdefault(j, [])
-            base[i] = sum(len(p) for p in done)
-            done.append(_resolve(arr.field(i), branch, r.branches[j], path))
-        children = {j: pa.concat_arrays(p) for j, p in pieces.items()}
-        return _dense(r, mapping[types], base[types] + offsets, children)
+        return _dense_into_union(arr, w, r, path, types, offsets)
+    return _dense_into_one(arr, w, r, path, types, offsets)
+
+
+def _from_nullable_union(arr: pa.Array, w: Union, r: AvroType, path: str) -> pa.Array:
+    """A writer's ``["null", T]`` (an Arrow column of T with nulls) resolved against ``r``."""
+    null_branch = w.branches[w.null_index or 0]
+    inner = w.branches[1 - (w.null_index or 0)]
+    if not isinstance(r, Union):
+        if arr.null_count and r.type != "null":
+            _unused(arr.is_null(), path, null_branch, r)
+        return _resolve(arr, inner, r, path)
+    null_to, inner_to = _branch_for(null_branch, r), _branch_for(inner, r)
+    if arr.null_count and null_to is None:
+        _unused(arr.is_null(), path, null_branch, r)
+    if inner_to is None:
+        _unused(arr.is_valid(), path, inner, r)
+        return pa.nulls(len(arr), arrow_type(r))
+    child = _resolve(arr, inner, r.branches[inner_to], path)
+    if is_nullable_union(r):
+        return child
+    valid = np.asarray(arr.is_valid())
+    types = np.where(valid, inner_to, null_to if null_to is not None else 0).astype(np.int8)
+    offsets = np.empty(len(arr), np.int32)
+    offsets[valid] = np.arange(int(valid.sum()), dtype=np.int32)
+    offsets[~valid] = np.arange(int((~valid).sum()), dtype=np.int32)
+    children = {inner_to: child.filter(pa.array(valid))}
+    if null_to is not None:
+        children[null_to] = pa.nulls(int((~valid).sum()), arrow_type(r.branches[null_to]))
+    return _dense(r, types, offsets, children)
+
+
+def _dense_into_union(arr: pa.Array, w: Union, r: Union, path: str, types: Any,
+                      offsets: Any) -> pa.Array:
+    """A writer's dense union resolved against a reader union: branch by branch, then the rows
+    re-pointed at the reader's branches."""
+    used = np.bincount(types, minlength=len(w.branches)) > 0
+    mapping = np.full(len(w.branches), -1, np.int8)
+    pieces: dict[int, list[pa.Array]] = {}
+    base = np.zeros(len(w.branches), np.int32)
+    for i, branch in enumerate(w.branches):
+        j = _branch_for(branch, r)
+        if j is None:
+            if used[i]:
+                _unused(types == i, path, branch, r)
+            continue
+        mapping[i] = j
+        done = pieces.setdefault(j, [])
+        base[i] = sum(len(p) for p in done)
+        done.append(_resolve(arr.field(i), branch, r.branches[j], path))
+    children = {j: pa.concat_arrays(p) for j, p in pieces.items()}
+    return _dense(r, mapping[types], base[types] + offsets, children)
+
+
+def _dense_into_one(arr: pa.Array, w: Union, r: AvroType, path: str, types: Any,
+                    offsets: Any) -> pa.Array:
+    """A writer's dense union resolved against one reader type (or a nullable reader union):
+    every used branch resolved to it, then the rows gathered in order."""
+    used = np.bincount(types, minlength=len(w.branches)) > 0
     target = arrow_type(r)
     resolved: list[pa.Array] = []
     starts = np.zeros(len(w.branches), np.int64)

@@ -1,7 +1,7 @@
 """Cache stores. Each takes and returns whole entries in the format of :mod:`arrowstash.entry`.
 
-The network backends load on first use, with their client libraries (extras ``redis`` and
-``memcached``).
+The network backends load on first use, with their client libraries (extras ``redis``,
+``memcached`` and ``s3``).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from arrowstash.backends.registry import default_backend, from_url
 from arrowstash.entry.listing import EntryInfo
 
 __all__ = ["Backend", "EntryInfo", "FileBackend", "MemcachedBackend", "MemoryBackend",
-           "RedisBackend", "Stored", "default_backend", "from_url"]
+           "ObjectStoreBackend", "RedisBackend", "Stored", "default_backend", "from_url"]
 
-_LAZY = {"RedisBackend": "redis", "MemcachedBackend": "memcached"}
+_LAZY = {"RedisBackend": "redis", "MemcachedBackend": "memcached", "ObjectStoreBackend": "s3"}
 
 
 def __getattr__(name: str) -> Any:

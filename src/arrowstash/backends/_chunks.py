@@ -6,12 +6,19 @@ reader sees the old entry or the new one; a missing chunk makes the entry a miss
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import msgpack
 
 MANIFEST = b"\x89ASTCHUNK"
+#: Bounds a reader holds a manifest to, so that a forged one cannot make it allocate or fetch
+#: without limit: at most this many chunks (64 Ki chunks of 64 MiB is 4 TiB) ...
+MAX_CHUNKS = 1 << 16
+#: ... and no entry above 1 TiB.
+MAX_SIZE = 1 << 40
+_VERSION = re.compile(r"[0-9a-f]{16}")
 
 
 def pack_manifest(manifest: dict[str, Any]) -> bytes:
@@ -27,8 +34,12 @@ def read_manifest(value: bytes) -> dict[str, Any] | None:
         manifest = msgpack.unpackb(value[len(MANIFEST) :], raw=False)
     except (ValueError, msgpack.UnpackException):
         return None
-    valid = (isinstance(manifest, dict) and isinstance(manifest.get("v"), str)
-             and isinstance(manifest.get("n"), int) and isinstance(manifest.get("size"), int))
+    if not isinstance(manifest, dict):
+        return None
+    version, count, size = manifest.get("v"), manifest.get("n"), manifest.get("size")
+    valid = (type(version) is str and _VERSION.fullmatch(version) is not None
+             and type(count) is int and type(size) is int
+             and 1 <= count <= min(MAX_CHUNKS, max(size, 1)) and 0 <= size <= MAX_SIZE)
     return manifest if valid else None
 
 

@@ -21,6 +21,11 @@ SCHEMES: dict[str, tuple[str, str, str]] = {
     "unix": ("arrowstash.backends.redis", "RedisBackend", "redis"),
     "redis+cluster": ("arrowstash.backends.redis", "RedisBackend", "redis"),
     "memcached": ("arrowstash.backends.memcached", "MemcachedBackend", "memcached"),
+    "s3": ("arrowstash.backends.object_store", "ObjectStoreBackend", "s3"),
+    "gs": ("arrowstash.backends.object_store", "ObjectStoreBackend", "s3"),
+    "az": ("arrowstash.backends.object_store", "ObjectStoreBackend", "s3"),
+    "objstore+memory": ("arrowstash.backends.object_store", "ObjectStoreBackend", "s3"),
+    "objstore+file": ("arrowstash.backends.object_store", "ObjectStoreBackend", "s3"),
 }
 
 
@@ -38,7 +43,8 @@ def known_schemes() -> list[str]:
 
 def from_url(url: str) -> Backend:
     """Build a backend from a URL: ``file:///path`` (or a bare path), ``memory://``,
-    ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://h:p,h:p``, ``memcached://h:p``.
+    ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://h:p,h:p``, ``memcached://h:p``,
+    ``s3://``, ``gs://``, ``az://``, ``objstore+memory://``, ``objstore+file://``.
 
     ``?encrypt=1`` on a file or network URL makes the backend encrypt every entry (as its
     ``encrypt=True``), so ``ARROWSTASH_URL`` alone can switch encryption on for a deployment.

@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import importlib
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+from arrowstash.caching import observers, sync_driver
 from arrowstash.caching import operations as ops
-from arrowstash.caching import sync_driver
 from arrowstash.caching.pipeline import CacheInfo, Core
 from arrowstash.entry.format import Key
 
@@ -35,6 +38,18 @@ class CachedFunction:
 
     def __repr__(self) -> str:
         return f"<cached {self._core.name} backend={self._core.backend!r}>"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled by name where its module holds it (the worker imports it, as pickle does
+        for functions); else as the original function and its options, the backend resolved
+        here: a backend pickles as what reopens it (a folder, an object-store URL), so a
+        cached function sent to a Dask worker process finds its store there."""
+        func = self._core.func
+        module, name = func.__module__, func.__qualname__
+        if module != "__main__" and _named(module, name) is self:
+            return (_named, (module, name))
+        options = dataclasses.replace(self._core.options, backend=self._core.backend)
+        return (_rebuilt, (func, options))
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         if obj is None:
@@ -107,6 +122,26 @@ class CachedFunction:
         """Recompute one call, store the result and return it."""
         key = self.cache_key(*args, **kwargs)
         return sync_driver.run(self._core, ops.recompute(self._core, key, args, kwargs))
+
+
+def _named(module: str, qualname: str) -> Any:
+    """The object ``module.qualname`` names, or None."""
+    found: Any = sys.modules.get(module)
+    if found is None:
+        try:
+            found = importlib.import_module(module)
+        except ImportError:
+            return None
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return found
+
+
+def _rebuilt(func: Callable[..., Any], options: Any) -> CachedFunction:
+    """A cached function unpickled from its parts (see CachedFunction.__reduce__)."""
+    core = Core(func, options)
+    observers.register(core)
+    return CachedFunction(core)
 
 
 class _Bound:

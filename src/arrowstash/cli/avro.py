@@ -16,8 +16,9 @@ import struct
 from pathlib import Path
 from typing import Any
 
-CHUNK = 100_000  # messages decoded per step (progress is reported per step)
+CHUNK = 100_000  # messages decoded or encoded per step (progress is reported per step)
 TABLE_SUFFIXES = (".parquet", ".arrow", ".feather", ".ipc", ".csv")
+OCF_MAGIC = b"Obj\x01"  # the first bytes of every Object Container File
 
 
 def register(sub: Any) -> None:
@@ -27,8 +28,9 @@ def register(sub: Any) -> None:
 
     decode = commands.add_parser(
         "decode", help="Avro messages -> a table (Parquet, Arrow or CSV)",
-        description="Decode a file of length-prefixed messages (kcat -f '%%R%%s'), or a "
-                    "Parquet/Arrow file's binary column, into a table.")
+        description="Decode a file of length-prefixed messages (kcat -f '%R%s'), or a "
+                    "Parquet/Arrow file's binary column, into a table. For an Object Container "
+                    "File (.avro) use 'arrowstash avro convert'.")
     decode.add_argument("input", type=Path, help="messages file, or .parquet/.arrow with a "
                                                   "binary column")
     decode.add_argument("-o", "--output", type=Path, required=True,
@@ -59,7 +61,19 @@ def register(sub: Any) -> None:
                         help="the registry id for --framing confluent/apicurio")
     encode.add_argument("--codec", default="zstd",
                         help="container codec: null, deflate, snappy, zstd, bzip2, xz")
+    encode.add_argument("--schema-out", type=Path,
+                        help="write the writer schema here (default: beside a messages output, "
+                             "as OUTPUT.avsc, when the schema was derived)")
     encode.set_defaults(run=cmd_encode)
+
+    convert = commands.add_parser(
+        "convert", help="an Object Container File -> Parquet, Arrow, CSV or JSON lines",
+        description="Read an Avro Object Container File into a table and write it as Parquet, "
+                    "Arrow IPC, CSV or JSON lines, chosen by the output's extension.")
+    convert.add_argument("input", type=Path, help="Object Container File (.avro)")
+    convert.add_argument("-o", "--output", type=Path, required=True,
+                         help="output: .parquet, .arrow/.feather/.ipc, .csv or .jsonl")
+    convert.set_defaults(run=cmd_convert)
 
     cat = commands.add_parser("cat", help="show an Object Container File's header and first "
                                           "rows")
@@ -94,6 +108,10 @@ def read_messages(path: Path, column: str = "value") -> Any:
             raise ValueError(f"column {column!r} of {path} is {messages.type}, not binary")
         return messages
     data = path.read_bytes()
+    if data.startswith(OCF_MAGIC):
+        raise ValueError(f"{path} is an Avro Object Container File, not a file of messages: "
+                         f"read it with 'arrowstash avro convert {path} -o OUT.parquet' "
+                         "(or 'avro cat')")
     starts: list[int] = []
     pos = 0
     while pos < len(data):  # walking the prefixes: each length says where the next one is
@@ -157,12 +175,27 @@ def write_table(path: Path, table: Any) -> None:
         elif path.suffix in (".arrow", ".feather", ".ipc"):
             with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
                 w.write_table(table)
+        elif path.suffix in (".jsonl", ".ndjson"):
+            _write_json_lines(path, table)
         else:
-            raise ValueError(f"{path}: unknown output format; use .parquet, .arrow or .csv")
+            raise ValueError(f"{path}: unknown output format; use .parquet, .arrow, .csv or "
+                             ".jsonl")
     except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid) as exc:
         path.unlink(missing_ok=True)
         raise ValueError(f"cannot write these columns to {path.suffix}: {exc} "
                          "(nested columns and unions need .arrow)") from exc
+
+
+def _write_json_lines(path: Path, table: Any) -> None:
+    """One JSON object per row; bytes as latin-1 text (Avro's JSON encoding), dates and
+    decimals as their text."""
+    def plain(value: Any) -> Any:
+        return value.decode("latin-1") if isinstance(value, bytes) else str(value)
+
+    with open(path, "w", encoding="utf-8") as out:
+        for batch in table.to_batches(max_chunksize=CHUNK):
+            for row in batch.to_pylist():
+                out.write(json.dumps(row, default=plain, ensure_ascii=False) + "\n")
 
 
 # -- commands ----------------------------------------------------------------------------------
@@ -202,13 +235,26 @@ def cmd_encode(args: argparse.Namespace) -> int:
 
     table = read_table(args.input)
     schema = parse_schema(args.schema.read_text()) if args.schema else from_arrow_schema(table)
+    schema_out = args.schema_out
+    if schema_out is None and args.schema is None and args.output.suffix != ".avro":
+        schema_out = args.output.with_name(args.output.name + ".avsc")
+    if schema_out is not None:
+        schema_out.write_text(json.dumps(json.loads(schema.json), indent=2) + "\n")
+        print(f"wrote the writer schema to {schema_out}")
     if args.output.suffix == ".avro":
         if args.framing:
             raise ValueError("--framing is for message files, not .avro container files")
         write_ocf(table, args.output, schema, args.codec)
         print(f"wrote {table.num_rows:,} records to {args.output} ({args.codec})")
         return 0
-    messages = encode(table, schema)
+    import pyarrow as pa
+
+    from arrowstash.cli._output import progress
+
+    steps = range(0, table.num_rows, CHUNK)
+    parts = [encode(table.slice(start, CHUNK), schema)
+             for start in progress(steps, f"encoding {table.num_rows:,} rows")]
+    messages = pa.concat_arrays(parts) if parts else encode(table, schema)
     if args.framing == "single-object":
         messages = add_header(messages, "single-object",
                               int.from_bytes(schema.fingerprint, "little"))
@@ -234,20 +280,30 @@ def cmd_cat(args: argparse.Namespace) -> int:
     for key, value in extra.items():
         print(f"meta     {key} = {value.decode('utf-8', 'replace')}")
     print()
-    print(render(table.slice(0, max(args.rows, 0)).to_pylist(), table.column_names))
+    shown = table.slice(0, max(args.rows, 0)).to_pylist()
+    _table(table.column_names, [[_cell(row[n]) for n in table.column_names] for row in shown])
     if table.num_rows > args.rows:
         print(f"... {table.num_rows - args.rows:,} more")
     return 0
 
 
-def render(rows: list[dict[str, Any]], names: list[str], width: int = 24) -> str:
-    """Rows as aligned text columns, long values cut to ``width`` characters."""
-    def cell(value: Any) -> str:
-        text = "null" if value is None else str(value)
-        return text if len(text) <= width else text[: width - 1] + "…"
+def cmd_convert(args: argparse.Namespace) -> int:
+    from arrowstash.avro.ocf import header_of, read_ocf
 
-    cells = [[cell(row[n]) for n in names] for row in rows]
-    widths = [max([len(n), *(len(r[i]) for r in cells)]) for i, n in enumerate(names)]
-    lines = ["  ".join(n.ljust(w) for n, w in zip(names, widths, strict=True))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
-    return "\n".join(line.rstrip() for line in lines)
+    header = header_of(args.input)
+    table = read_ocf(args.input)
+    write_table(args.output, table)
+    print(f"converted {table.num_rows:,} records ({header.codec}) into {args.output}")
+    return 0
+
+
+def _cell(value: Any, width: int = 24) -> str:
+    """A value as text, cut to ``width`` characters."""
+    text = "null" if value is None else str(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _table(names: list[str], rows: list[list[str]]) -> None:
+    from arrowstash.cli._output import table
+
+    table(names, rows)

@@ -3,19 +3,21 @@
 The scripts under ``benchmarks/`` compare arrowstash with its peers; this command answers the
 question a user has about their own deployment ("how long does a hit take on *our* Redis?"),
 with nothing installed beyond arrowstash. Entries go to the namespace ``arrowstash-bench``,
-which is cleared before and after.
+which is cleared before and after; the folders it leaves are removed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, cast
 
 from arrowstash.backends.base import Backend
 from arrowstash.caching.decorator import CachedFunction, cache
-from arrowstash.cli._output import human_size
+from arrowstash.cli._output import emit_json, human_size, human_time, needs, progress, say, table
 
 NAMESPACE = "arrowstash-bench"
 VALUES = ("small", "frame", "array")
@@ -94,29 +96,63 @@ def measure(backend: Backend, name: str, value: Any, repeats: int) -> dict[str, 
     }
 
 
-def run(backend: Backend, values: list[str], rows: int, mib: int, repeats: int,
-        out: Callable[[str], None] = print) -> int:
-    """Print one row per value; 1 if a hit did not give back the value."""
+def run(url: str | None, values: list[str], rows: int, mib: int, repeats: int,
+        as_json: bool = False) -> int:
+    """Print one row per value; 1 if a hit did not give back the value. Values whose library
+    is missing are skipped with the extra to install."""
+    from arrowstash.backends.registry import default_backend, file_folder, from_url
+
+    folder = file_folder(url)
+    created = folder is not None and not folder.exists()
+    backend = from_url(url) if url else default_backend()
     makers: dict[str, Callable[[], Any]] = {
         "small": _small, "frame": lambda: _frame(rows), "array": lambda: _array(mib),
     }
-    out(f"backend {backend!r}; medians of {repeats} stores and {3 * repeats} hits, L1 off\n")
-    out(f"{'value':<8} {'serializer':<10} {'stored':>10} {'store':>11} {'hit':>11}  hit == value")
+    results, skipped = [], []
     backend.clear(NAMESPACE)
     try:
-        ok = True
-        for name in values:
-            row = measure(backend, name, makers[name](), repeats)
-            size = "?" if row["bytes"] is None else human_size(row["bytes"])
-            out(f"{name:<8} {row['serializer']:<10} {size:>10} {_time(row['store']):>11} "
-                f"{_time(row['hit']):>11}  {row['same']}")
-            ok = ok and row["same"]
+        for name in progress(values, "benchmarking"):
+            try:
+                value = makers[name]()
+            except ModuleNotFoundError as exc:
+                skipped.append(f"{name}: {needs(exc)}")
+                continue
+            results.append(measure(backend, name, value, repeats))
     finally:
         backend.clear(NAMESPACE)
-    return 0 if ok else 1
+        if folder is not None:
+            _remove_empty_folders(folder, created)
+    if as_json:
+        emit_json({"backend": repr(backend), "repeats": repeats, "hits": 3 * repeats,
+                   "results": results, "skipped": skipped})
+    else:
+        _print(backend, results, skipped, repeats)
+    return 0 if all(row["same"] for row in results) else 1
 
 
-def _time(seconds: float) -> str:
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.1f} µs"
-    return f"{seconds * 1e3:.2f} ms"
+def _print(backend: Backend, results: list[dict[str, Any]], skipped: list[str],
+           repeats: int) -> None:
+    say(f"backend {backend!r}")
+    say(f"store: a miss through @cache (encode + write), median of {repeats}; "
+        f"hit: read + decode with L1 off, median of {3 * repeats}")
+    table(("value", "serializer", "stored", "store", "hit", "hit == value"),
+          [(r["value"], r["serializer"], "?" if r["bytes"] is None else human_size(r["bytes"]),
+            human_time(r["store"]), human_time(r["hit"]), r["same"]) for r in results],
+          right=("stored", "store", "hit"))
+    for line in skipped:
+        say(f"skipped {line}")
+
+
+def _remove_empty_folders(root: Path, remove_root: bool) -> None:
+    """Remove the folders the benchmark's namespace left (empty after clearing), and the cache
+    folder itself if the benchmark created it and it is empty."""
+    for top in root.glob(f"{NAMESPACE}*"):
+        for folder in sorted((p for p in top.rglob("*") if p.is_dir()), reverse=True):
+            with contextlib.suppress(OSError):  # not empty: someone else's entry
+                folder.rmdir()
+        with contextlib.suppress(OSError):
+            top.rmdir()
+    if remove_root:
+        with contextlib.suppress(OSError):
+            (root / ".locks").rmdir()  # the stampede locks' folder
+            root.rmdir()

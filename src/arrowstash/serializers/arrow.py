@@ -19,6 +19,7 @@ from arrowstash.entry.format import FLAG_COMPRESSED, Encoded
 from arrowstash.errors import CorruptEntryError, SerializationError
 from arrowstash.serializers._arrow.batches import Source, label_codec, rebatch
 from arrowstash.serializers._arrow.groups import group_sections, read_groups, size_groups
+from arrowstash.serializers._arrow.limits import check_expansion
 from arrowstash.serializers._arrow.packing import MIN_TABLE_BYTES
 from arrowstash.serializers._arrow.pandas import from_pandas, to_pandas
 
@@ -177,6 +178,8 @@ def _layout_groups(table: pa.Table) -> list[list[int]]:
 
 
 def _read_table(meta: dict[str, Any], sections: Sequence[memoryview]) -> pa.Table:
+    for section in sections:  # before the IPC reader allocates what a stream declares
+        check_expansion(section, config.max_value_bytes(section.nbytes))
     if "groups" not in meta:
         return pa.ipc.open_stream(pa.py_buffer(sections[0])).read_all()
     schema = pa.ipc.open_stream(pa.py_buffer(sections[0])).schema

@@ -27,7 +27,8 @@ enum { K_NULL, K_BOOL, K_INT, K_LONG, K_FLOAT, K_DOUBLE, K_BYTES, K_STRING, K_FI
 
 enum { E_TRUNCATED = 1, E_VARINT, E_INT_RANGE, E_UNION_INDEX, E_NEGATIVE, E_UTF8, E_TRAILING,
        E_BOOL, E_ENUM, E_UUID, E_DECIMAL, E_DURATION, E_BLOCK_COUNT, E_TOO_LARGE,
-       E_CONFLUENT_SHORT, E_CONFLUENT_MAGIC, E_NULL_MESSAGE, E_NO_MEMORY, E_TIME, E_TOO_DEEP };
+       E_CONFLUENT_SHORT, E_CONFLUENT_MAGIC, E_NULL_MESSAGE, E_NO_MEMORY, E_TIME, E_TOO_DEEP,
+       E_FREE_ITEMS };
 
 struct Ctx;
 struct Col;
@@ -100,6 +101,9 @@ typedef struct Ctx {
     int cuttable;
     int64_t step, seg_bytes; /* segments claimed at once; bytes per segment, on average */
     int32_t *ids;
+    /* Items that take no bytes (nulls, empty records) this range may still decode: the limit
+     * plus the range's bytes, so that no input costs more than its size plus the limit. */
+    int64_t free_left;
     /* the first error */
     int err;
     int64_t err_seg, err_datum, err_off, err_detail;
@@ -120,6 +124,7 @@ void cd_close_range(Ctx *c);
 void cd_pool_init(void); /* once, at import: fork handlers for the kept helper threads */
 PyObject *cd_cuts(PyObject *self, PyObject *unused);
 /* _cdecode_values.c */
+extern int64_t cd_free_items; /* see Ctx.free_left; set by set_free_items() */
 void cd_values_init(void);
 void cd_bind_node(Node *nd);
 int cd_strings_valid(Ctx *c);

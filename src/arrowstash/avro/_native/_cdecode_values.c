@@ -1,6 +1,7 @@
 /* The native Avro decoder's values: one decoder per kind, the walk of a range of segments
  * along the plan, and the UTF-8, UUID and decimal checks (the hot loops; see _cdecode.h). */
 #include "_cdecode.h"
+#include "_utf8.h"
 
 /* -- errors -------------------------------------------------------------------------------- */
 
@@ -40,46 +41,6 @@ static inline int rd_long(Ctx *c, const uint8_t **pp, int node, int64_t *out) {
         shift += 7;
     }
     return fail(c, E_VARINT, *pp, node, 0); /* not reached: byte 10 ends or fails above */
-}
-
-static int utf8_ok(const uint8_t *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        if (i + 8 <= n) {
-            uint64_t w;
-            memcpy(&w, s + i, 8);
-            if (!(w & 0x8080808080808080ULL)) {
-                i += 8;
-                continue;
-            }
-        }
-        uint8_t ch = s[i];
-        if (ch < 0x80) {
-            i++;
-        } else if (ch < 0xC2) {
-            return 0;
-        } else if (ch < 0xE0) {
-            if (i + 1 >= n || (s[i + 1] & 0xC0) != 0x80) return 0;
-            i += 2;
-        } else if (ch < 0xF0) {
-            if (i + 2 >= n) return 0;
-            uint8_t c1 = s[i + 1], c2 = s[i + 2];
-            if ((c1 & 0xC0) != 0x80 || (c2 & 0xC0) != 0x80) return 0;
-            if (ch == 0xE0 && c1 < 0xA0) return 0; /* overlong */
-            if (ch == 0xED && c1 >= 0xA0) return 0; /* surrogate */
-            i += 3;
-        } else if (ch < 0xF5) {
-            if (i + 3 >= n) return 0;
-            uint8_t c1 = s[i + 1], c2 = s[i + 2], c3 = s[i + 3];
-            if ((c1 & 0xC0) != 0x80 || (c2 & 0xC0) != 0x80 || (c3 & 0xC0) != 0x80) return 0;
-            if (ch == 0xF0 && c1 < 0x90) return 0; /* overlong */
-            if (ch == 0xF4 && c1 >= 0x90) return 0; /* beyond U+10FFFF */
-            i += 4;
-        } else {
-            return 0;
-        }
-    }
-    return 1;
 }
 
 /* hex digit values, 0xFF for anything else */
@@ -271,7 +232,7 @@ static inline __attribute__((always_inline)) const uint8_t *d_bytes_or_string(
     const uint8_t *start = p; /* bytes and string */
     int64_t v;
     if (rd_len(c, n, &p, &v)) return NULL;
-    if (is_string && c->strict_utf8 && !utf8_ok(p, (size_t)v))
+    if (is_string && c->strict_utf8 && !utf8_valid(p, (size_t)v))
         return FAIL(c, E_UTF8, start, n, 0);
     Buf *d = &col->data, *o = &col->offs;
     if (buf_reserve(d, (size_t)v + 64) || buf_reserve(o, 4)) return OOM(c, start, n);
@@ -349,7 +310,24 @@ static inline __attribute__((always_inline)) const uint8_t *d_nullable(Ctx *c, c
     const uint8_t *start = p;
     int64_t idx;
     if (rd_long(c, &p, n->index, &idx)) return NULL;
-    if (idx == n->null_branch) return empty(c, n->index) ? OOM(c, start, n) : p;
+    if (idx == n->null_branch) {
+        /* a null leaf (the common case: a nullable string, int or long) in place; a record or
+         * anything with children through empty(), which fills every column below it */
+        if (n->nempties == 1) {
+            int r;
+            switch (n->kind) {
+            case K_STRING: case K_BYTES: r = buf_i32(&col->offs, (int32_t)col->data.len); break;
+            case K_INT: case K_ENUM: r = buf_i32(&col->data, 0); break;
+            case K_LONG: case K_DOUBLE: r = buf_zeros(&col->data, 8); break;
+            default: return empty(c, n->index) ? OOM(c, start, n) : p;
+            }
+            if (r || bit_put(&col->valid, col->length, 0)) return OOM(c, start, n);
+            col->nulls++;
+            col->length++;
+            return p;
+        }
+        return empty(c, n->index) ? OOM(c, start, n) : p;
+    }
     if (idx != 1 - n->null_branch) return FAIL(c, E_UNION_INDEX, start, n, idx);
     if (bit_put(&col->valid, col->length, 1)) return OOM(c, start, n);
     return dec_leaf_or_call(c, n, col, p);
@@ -401,6 +379,10 @@ static const uint8_t *d_list(Ctx *c, const Node *n, Col *col, const uint8_t *p) 
             return NULL;
         }
         if (count > (uint64_t)(INT32_MAX - first->length)) return FAIL(c, E_TOO_LARGE, start, n, 0);
+        if (n->item_min == 0) { /* items of no bytes: bounded by the budget, not the input */
+            if (count > (uint64_t)c->free_left) return FAIL(c, E_FREE_ITEMS, start, n, cd_free_items);
+            c->free_left -= (int64_t)count;
+        }
         if (n->nchildren == 1) {
             const Node *kid = n->kids[0];
             for (uint64_t i = 0; i < count; i++)
@@ -538,8 +520,7 @@ int cd_strings_valid(Ctx *c) {
         int64_t from = col->checked;
         col->checked = col->length;
         if (all_ascii(col->data.p + off[from], (size_t)(off[col->length] - off[from]))) continue;
-        for (int64_t k = from; k < col->length; k++)
-            if (!utf8_ok(col->data.p + off[k], (size_t)(off[k + 1] - off[k]))) return 0;
+        if (!utf8_strings_valid(col->data.p, off, from, col->length)) return 0;
     }
     return 1;
 }
@@ -582,10 +563,13 @@ void cd_presize(Ctx *c, int64_t done_bytes, int64_t left_bytes, double margin) {
 
 /* Decode segments [seg_begin, seg_end) into c->cols, a claim at a time if other threads may cut
  * the range; stop at the first error. */
+int64_t cd_free_items = 1 << 20;
+
 void cd_run_range(Ctx *c) {
     int64_t total = 0, done = 0;
     for (int64_t s = c->seg_begin; s < c->seg_end; s++)
         total += c->segs[s].len > 0 ? c->segs[s].len : 0;
+    c->free_left = cd_free_items + total; /* (a range run again, for UTF-8, starts over) */
     int64_t probe = c->seg_begin + (c->seg_end - c->seg_begin) / 32, checked = 0;
     int64_t early = c->seg_begin + EARLY_SAMPLE;
     int check = c->validate_utf8 && !c->strict_utf8;

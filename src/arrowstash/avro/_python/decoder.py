@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 import arrowstash.avro.decode_plan as P
+from arrowstash import config
 
 __all__ = ["DecodeFailure", "decode_segments"]
 
@@ -71,6 +72,10 @@ class _Builder:
     def __init__(self, plan: P.Plan, validate_utf8: bool) -> None:
         self.plan = plan
         self.utf8 = validate_utf8
+        # items that take no bytes still allowed: the limit plus the input's size (see
+        # config.avro_max_empty_items), so that no input costs more than that
+        self.free_limit = config.avro_max_empty_items()
+        self.free_left = self.free_limit
         self.cols = [_Col(n.null_branch >= 0) for n in plan.nodes]
         self.readers: list[Read] = []
         self.empties: list[Empty] = []
@@ -298,6 +303,10 @@ class _Builder:
                     raise DecodeFailure(13, start, i, count)
                 if first.length + count > _INT32_MAX:
                     raise DecodeFailure(14, start, i)
+                if not item_min:  # items of no bytes: bounded by the budget, not the input
+                    if count > self.free_left:
+                        raise DecodeFailure(21, start, i, self.free_limit)
+                    self.free_left -= count
                 for _ in range(count):
                     for c in children:
                         pos = readers[c](buf, pos)
@@ -461,6 +470,7 @@ def decode_segments(
     buffers and, with ``confluent``, each message's schema id. A segment of None is a null
     message. Raises DecodeFailure with ``segment`` and ``datum`` set."""
     builder = _Builder(plan, validate_utf8)
+    builder.free_left += sum(memoryview(s).nbytes for s, _ in segments if s is not None)
     read_root = builder.readers[0]
     ids: list[int] = []
     for s, (segment, count) in enumerate(segments):

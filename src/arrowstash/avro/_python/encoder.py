@@ -123,78 +123,100 @@ def _bind_value(n: Node, arr: Any) -> Writer:
         bools = arr.to_pylist()
         return lambda i, out: out.append(1 if bools[i] else 0)
     if kind in (K_INT32, K_INT64, K_INT64_AS_INT, K_ENUM):
-        ints = arr.view(pa.int32() if kind in (K_INT32, K_ENUM) else pa.int64()).to_pylist()
-        if kind in (K_INT32, K_INT64):
-            return lambda i, out: out.__iadd__(long_bytes(ints[i]))
-        lo, hi = (0, n.p1 - 1) if kind == K_ENUM else _INT32
-
-        def checked(i: int, out: bytearray) -> None:
-            v = ints[i]
-            if not lo <= v <= hi:
-                if kind == K_ENUM:
-                    raise Fault(n, f"enum index {v} out of range for {describe(n.avro)}")
-                raise Fault(n, f"{v} is out of the range of Avro int")
-            out += long_bytes(v)
-
-        return checked
+        return _ints(n, arr)
     if kind in (K_FLOAT, K_DOUBLE):
         raw = _raw(arr, 4 if kind == K_FLOAT else 8)
         return lambda i, out: out.__iadd__(raw(i))
     if kind in (K_BINARY, K_LARGE_BINARY, K_ENUM_STRING):
-        blobs = arr.view(pa.large_binary() if kind == K_LARGE_BINARY else pa.binary()).to_pylist()
-        if kind != K_ENUM_STRING:
-            return lambda i, out: out.__iadd__(long_bytes(len(blobs[i])) + blobs[i])
-        where = {s.encode(): k for k, s in enumerate(n.symbols)}
-
-        def symbol(i: int, out: bytearray) -> None:
-            k = where.get(blobs[i])
-            if k is None:
-                text = blobs[i].decode(errors="replace")
-                raise Fault(n, f"{text!r} is not a symbol of enum {describe(n.avro)} "
-                            f"{list(n.symbols)}")
-            out += long_bytes(k)
-
-        return symbol
+        return _blobs(n, arr)
     if kind == K_FIXED:
         raw = _raw(arr, n.p1)
         return lambda i, out: out.__iadd__(raw(i))
     if kind == K_UUID_STRING:
-        raw = _raw(arr, 16)
-
-        def uuid_text(i: int, out: bytearray) -> None:
-            h = raw(i).hex()
-            out += b"\x48" + f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}".encode()
-
-        return uuid_text
+        return _uuid_text(_raw(arr, 16))
     if kind in (K_DECIMAL_BYTES, K_DECIMAL_FIXED):
         return _decimal(n, _raw(arr, n.p2))
     if kind == K_DURATION:
         return _duration(n, _raw(arr, 16))
     if kind == K_RECORD:
-        kids = [_bind(k, arr.field(j)) for j, k in enumerate(n.kids)]
-
-        def record(i: int, out: bytearray) -> None:
-            for kid in kids:
-                kid(i, out)
-
-        return record
+        return _record(n, arr)
     if kind in (K_ARRAY, K_MAP):
-        offsets = arr.offsets.to_pylist()
-        children = [arr.values] if kind == K_ARRAY else [arr.keys, arr.items]
-        kids = [_bind(k, c) for k, c in zip(n.kids, children, strict=True)]
-
-        def block(i: int, out: bytearray) -> None:
-            start, stop = offsets[i], offsets[i + 1]
-            if stop > start:
-                out += long_bytes(stop - start)
-                for j in range(start, stop):
-                    for kid in kids:
-                        kid(j, out)
-            out.append(0)
-
-        return block
+        return _block(n, arr)
     assert kind == K_UNION
     return _union(n, arr)
+
+
+def _ints(n: Node, arr: Any) -> Writer:
+    kind = n.kind
+    ints = arr.view(pa.int32() if kind in (K_INT32, K_ENUM) else pa.int64()).to_pylist()
+    if kind in (K_INT32, K_INT64):
+        return lambda i, out: out.__iadd__(long_bytes(ints[i]))
+    lo, hi = (0, n.p1 - 1) if kind == K_ENUM else _INT32
+
+    def checked(i: int, out: bytearray) -> None:
+        v = ints[i]
+        if not lo <= v <= hi:
+            if kind == K_ENUM:
+                raise Fault(n, f"enum index {v} out of range for {describe(n.avro)}")
+            raise Fault(n, f"{v} is out of the range of Avro int")
+        out += long_bytes(v)
+
+    return checked
+
+
+def _blobs(n: Node, arr: Any) -> Writer:
+    """Strings and bytes, and enums given as their symbols' text."""
+    kind = n.kind
+    blobs = arr.view(pa.large_binary() if kind == K_LARGE_BINARY else pa.binary()).to_pylist()
+    if kind != K_ENUM_STRING:
+        return lambda i, out: out.__iadd__(long_bytes(len(blobs[i])) + blobs[i])
+    where = {s.encode(): k for k, s in enumerate(n.symbols)}
+
+    def symbol(i: int, out: bytearray) -> None:
+        k = where.get(blobs[i])
+        if k is None:
+            text = blobs[i].decode(errors="replace")
+            raise Fault(n, f"{text!r} is not a symbol of enum {describe(n.avro)} "
+                        f"{list(n.symbols)}")
+        out += long_bytes(k)
+
+    return symbol
+
+
+def _uuid_text(raw: Callable[[int], bytes]) -> Writer:
+    def uuid_text(i: int, out: bytearray) -> None:
+        h = raw(i).hex()
+        out += b"\x48" + f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}".encode()
+
+    return uuid_text
+
+
+def _record(n: Node, arr: Any) -> Writer:
+    kids = [_bind(k, arr.field(j)) for j, k in enumerate(n.kids)]
+
+    def record(i: int, out: bytearray) -> None:
+        for kid in kids:
+            kid(i, out)
+
+    return record
+
+
+def _block(n: Node, arr: Any) -> Writer:
+    """An array's or a map's items of one row, as one block and the end marker."""
+    offsets = arr.offsets.to_pylist()
+    children = [arr.values] if n.kind == K_ARRAY else [arr.keys, arr.items]
+    kids = [_bind(k, c) for k, c in zip(n.kids, children, strict=True)]
+
+    def block(i: int, out: bytearray) -> None:
+        start, stop = offsets[i], offsets[i + 1]
+        if stop > start:
+            out += long_bytes(stop - start)
+            for j in range(start, stop):
+                for kid in kids:
+                    kid(j, out)
+        out.append(0)
+
+    return block
 
 
 def _union(n: Node, arr: Any) -> Writer:

@@ -1,0 +1,387 @@
+"""Object stores through obstore: S3 and S3-compatible servers, Google Cloud Storage, Azure Blob
+Storage, an in-memory store and a local folder (see docs/clusters.md).
+
+One object per entry, ``<prefix>/<namespace>/<function>/<digest>.ast``, in the entry format.
+Object puts are atomic (a multipart upload becomes visible only when completed), so a reader sees
+an old entry or a new one, never a part; concurrent writers of one key each store a complete entry
+and the last one wins. Large entries are spooled to a temporary file while they are serialized
+(the header is written last) and uploaded from it in parts, so the whole entry is never held in
+memory. The stampede lock is an object created with a conditional put (``If-None-Match: *``)
+that holds an owner token and a lease; a waiter takes over a lock whose lease has run out with a
+conditional put on its ETag (``If-Match``), so two waiters never both take it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from arrowstash.backends._breaker import Breaker
+from arrowstash.backends._object_stores import (
+    CLOUD_SCHEMES,
+    OUR_OPTIONS,
+    make_store,
+    obstore_module,
+    public_url,
+    split_url,
+)
+from arrowstash.backends.base import Capabilities, Held, Stored
+from arrowstash.entry.format import ALIGN, EntryWriter, Key
+from arrowstash.entry.listing import EntryInfo, describe, trailer_offset
+from arrowstash.errors import BackendError, CorruptEntryError
+
+SUFFIX = ".ast"
+_LOCK_SUFFIX = ".lock"
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+_URLS = re.compile(r"(https?://[^\s?\"'<>]*)\?[^\s\"'<>]*")
+#: Objects deleted per request by ``clear`` (S3's DeleteObjects takes up to 1000).
+_DELETE_BATCH = 1000
+
+
+def _part(name: str) -> str:
+    """A path segment for a namespace or function: readable where the name is plain, with a
+    hash of the name where characters had to be replaced (so names never collide)."""
+    safe = _SAFE.sub("_", name)[:64] or "_"
+    if safe == name and not name.startswith("."):
+        return name
+    return f"{safe}~{xxhash.xxh3_64_hexdigest(name.encode())[:12]}"
+
+
+def _scrub(text: str) -> str:
+    """A client error's text without URL query strings (presigned URLs and SAS tokens travel
+    there) and cut short."""
+    return _URLS.sub(r"\1?…", text)[:400]
+
+
+class _SpoolSink:
+    """A temporary file the entry is streamed into; the header is patched in place at the end."""
+
+    unhashed_from = None  # read back whole over the network: every section is checked
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def write(self, data: Any) -> None:
+        view = memoryview(data)
+        while view.nbytes:
+            view = view[os.write(self._fd, view) :]
+
+    def patch(self, offset: int, data: bytes) -> None:
+        os.pwrite(self._fd, data, offset)
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """How an ObjectStoreBackend talks to its store: the defaults suit the clouds."""
+
+    #: Seconds a request may take, and a connection attempt; retries of failed requests (each
+    #: within ``timeout``), before the call runs uncached and the failure is logged.
+    timeout: float = 30.0
+    connect_timeout: float = 2.0
+    retries: int = 2
+    #: Entries this large, and entries with streamed sections, go by multipart upload in parts
+    #: of ``part_bytes``, ``max_concurrency`` at a time, from a spool file in ``spool_dir``
+    #: (None: the system's temporary folder).
+    multipart_from: int = 16 << 20
+    part_bytes: int = 16 << 20
+    max_concurrency: int = 8
+    spool_dir: str | None = None
+    #: The circuit breaker: after this many failures in a row, skip the store for a while.
+    breaker_failures: int = 5
+    breaker_cooldown: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.part_bytes < 5 << 20:
+            raise ValueError(f"part_bytes must be at least 5 MiB (S3's smallest part), not "
+                             f"{self.part_bytes!r}")
+        if self.timeout <= 0 or self.connect_timeout <= 0 or self.retries < 0:
+            raise ValueError("timeouts must be positive and retries >= 0")
+        if self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, not {self.max_concurrency!r}")
+
+
+class ObjectStoreBackend:
+    """``ObjectStoreBackend("s3://bucket/prefix?endpoint=http://127.0.0.1:9000&region=...")``,
+    ``"gs://bucket/prefix"``, ``"az://container/prefix"``, ``"objstore+memory://name"`` (one
+    store per name in this process) or ``"objstore+file:///folder"``.
+
+    ``endpoint`` and ``region`` (or the URL's query options of the same names) and any other
+    keyword (``access_key_id``, ``secret_access_key``, ``account_name``...) configure the store;
+    credentials not given come from the cloud's standard environment. They are never shown:
+    reprs, logs and errors carry the URL without its secrets. ``tuning`` sets timeouts,
+    retries, multipart uploads and the circuit breaker (:class:`Tuning`).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        endpoint: str | None = None,
+        region: str | None = None,
+        tuning: Tuning | None = None,
+        encrypt: bool = False,
+        **store_options: Any,
+    ) -> None:
+        tuning = tuning or Tuning()
+        scheme, bucket, prefix, query = split_url(url)
+        config = {name: value for name, value in query.items() if name not in OUR_OPTIONS}
+        if endpoint is not None:
+            config["endpoint"] = endpoint
+        if region is not None:
+            config["region"] = region
+        config.update(store_options)
+        self._obstore = obstore_module()
+        errors = self._obstore.exceptions
+        self._answers = (FileNotFoundError, errors.AlreadyExistsError, errors.PreconditionError)
+        self._store = make_store(scheme, bucket, prefix, config, tuning.timeout,
+                                 tuning.connect_timeout, tuning.retries)
+        self.url = public_url(url)
+        self.scheme = scheme
+        self.encrypt = encrypt
+        self.tuning = tuning
+        self.breaker = Breaker(tuning.breaker_failures, tuning.breaker_cooldown)
+        # rebuilt from these in another process (a Dask worker): see __reduce__
+        self._made_with = (url, {"endpoint": endpoint, "region": region, "tuning": tuning,
+                                 "encrypt": encrypt, **store_options})
+        #: Clouds and servers are shared and remote; the memory and local stores are neither.
+        cloud = scheme in CLOUD_SCHEMES
+        self.capabilities = Capabilities(shared=cloud, remote=cloud, streams_writes=True,
+                                         maps_reads=False, lists_entries=True, native_ttl=False,
+                                         breaker=True)
+
+    def __repr__(self) -> str:
+        return f"ObjectStoreBackend({self.url!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as the URL and options it was made with, so that a cached function sent to
+        another process (a Dask worker) opens the same store there."""
+        url, options = self._made_with
+        return (_rebuild, (url, options))
+
+    @contextlib.contextmanager
+    def _call(self, what: str) -> Iterator[None]:
+        """The boundary: a client error becomes a BackendError (its text without secrets) and
+        feeds the circuit breaker."""
+        where = f"object store {what} ({self.url})"
+        self.breaker.before(where)
+        try:
+            yield
+        except (self._obstore.exceptions.BaseError, OSError) as exc:
+            if isinstance(exc, self._answers):  # the store answered: absent, or a condition
+                self.breaker.success()
+                raise
+            self.breaker.failure()
+            raise BackendError(f"{where} failed: {type(exc).__name__}: {_scrub(str(exc))}") \
+                from None
+        self.breaker.success()
+
+    def _path(self, key: Key, suffix: str = SUFFIX) -> str:
+        return f"{_part(key.namespace)}/{_part(key.function)}/{key.hex}{suffix}"
+
+    # -- entries ----------------------------------------------------------------------------
+
+    def get(self, key: Key) -> Stored | None:
+        """One GET: the body arrives in one buffer that the serializers read without a copy."""
+        try:
+            with self._call("get"):
+                data = self._obstore.get(self._store, self._path(key)).bytes()
+        except FileNotFoundError:
+            return None
+        return Stored(memoryview(data))
+
+    def set(self, entry: EntryWriter) -> int:
+        path = self._path(entry.key)
+        tuning = self.tuning
+        if entry.in_memory and entry.planned_size() < tuning.multipart_from:
+            data = entry.to_bytes()
+            with self._call("put"):
+                self._obstore.put(self._store, path, memoryview(data), use_multipart=False)
+            return len(data)
+        fd, spool = tempfile.mkstemp(prefix=".arrowstash-", suffix=".spool", dir=tuning.spool_dir)
+        try:
+            try:
+                size = entry.write(_SpoolSink(fd))
+            finally:
+                os.close(fd)
+            with self._call("multipart put"):
+                self._obstore.put(self._store, path, Path(spool), chunk_size=tuning.part_bytes,
+                                  max_concurrency=tuning.max_concurrency,
+                                  use_multipart=size >= tuning.multipart_from)
+        except OSError as exc:
+            raise BackendError(f"cannot spool an entry for {self.url}: {exc}") from exc
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(spool)
+        return size
+
+    def delete(self, key: Key) -> bool:
+        path = self._path(key)
+        try:
+            with self._call("head"):
+                self._obstore.head(self._store, path)
+        except FileNotFoundError:
+            return False
+        with self._call("delete"):
+            self._obstore.delete(self._store, path)
+        return True
+
+    def _objects(self, namespace: str | None, function: str | None) -> Iterator[dict[str, Any]]:
+        if namespace is None:
+            if function is not None:
+                raise ValueError("clear(function=...) needs the namespace too")
+            prefix = None
+        else:
+            prefix = _part(namespace) + ("" if function is None else f"/{_part(function)}")
+        with self._call("list"):
+            for chunk in self._obstore.list(self._store, prefix=prefix, chunk_size=1000):
+                yield from chunk
+
+    def clear(self, namespace: str | None = None, function: str | None = None) -> int:
+        """List the prefix and delete our objects (entries and locks) in batches of 1000."""
+        removed = 0
+        batch: list[str] = []
+        for meta in self._objects(namespace, function):
+            path = meta["path"]
+            if path.endswith((SUFFIX, _LOCK_SUFFIX)):
+                batch.append(path)
+                removed += path.endswith(SUFFIX)
+            if len(batch) >= _DELETE_BATCH:
+                self._delete_many(batch)
+                batch = []
+        self._delete_many(batch)
+        return removed
+
+    def _delete_many(self, paths: list[str]) -> None:
+        if paths:
+            with self._call("delete"):
+                self._obstore.delete(self._store, paths)
+
+    def entries(self, namespace: str | None = None) -> Iterator[EntryInfo]:
+        """Every readable entry, from two ranged reads (header, trailer); others are skipped."""
+        metas = [m for m in self._objects(namespace, None) if m["path"].endswith(SUFFIX)]
+        for meta in metas:
+            path, size = meta["path"], meta["size"]
+            try:
+                with self._call("read header"):
+                    head = self._obstore.get_range(self._store, path, start=0,
+                                                   length=min(ALIGN, size))
+                    start = trailer_offset(head, size)
+                    tail = self._obstore.get_range(self._store, path, start=start, end=size)
+                yield describe(head, tail, size, f"{self.url}/{path}")
+            except (BackendError, CorruptEntryError, FileNotFoundError):
+                continue
+
+    def stats(self) -> dict[str, Any]:
+        objects = [m for m in self._objects(None, None) if m["path"].endswith(SUFFIX)]
+        return {"backend": "object_store", "url": self.url, "entries": len(objects),
+                "bytes": sum(m["size"] for m in objects), "breaker": self.breaker.state}
+
+    # -- the stampede lock ------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def lock(self, key: Key, timeout: float) -> Iterator[Held]:
+        """A lock object created only if absent; its lease (``max(timeout, 1)`` seconds from
+        its creation) lets others take it over if its owner died."""
+        path, token = self._path(key, _LOCK_SUFFIX), secrets.token_hex(16)
+        lease = max(timeout, 1.0)
+        held = _wait_for(lambda: self._take(path, token, lease), timeout)
+        try:
+            yield held
+        finally:
+            if held:
+                with contextlib.suppress(BackendError):
+                    self._give_back(path, token)
+
+    def _take(self, path: str, token: str, lease: float) -> bool:
+        body = json.dumps({"owner": token, "until": time.time() + lease}).encode()
+        errors = self._obstore.exceptions
+        try:
+            with self._call("lock"):
+                self._obstore.put(self._store, path, body, mode="create")
+            return True
+        except errors.AlreadyExistsError:
+            pass
+        try:
+            with self._call("lock"):
+                found = self._obstore.get(self._store, path)
+                meta, held_by = found.meta, bytes(found.bytes())
+        except FileNotFoundError:
+            return False  # released meanwhile: the next attempt creates it
+        if time.time() < _lease_end(held_by):
+            return False
+        try:  # the lease ran out: take it over, unless another waiter did first
+            with self._call("lock"):
+                self._obstore.put(self._store, path, body,
+                                  mode={"e_tag": meta["e_tag"], "version": meta["version"]})
+            return True
+        except (errors.PreconditionError, errors.AlreadyExistsError, FileNotFoundError):
+            return False
+
+    def _give_back(self, path: str, token: str) -> None:
+        """Delete the lock if it is still ours (not taken over after our lease ran out)."""
+        try:
+            with self._call("unlock"):
+                found = bytes(self._obstore.get(self._store, path).bytes())
+                if _owner(found) == token:
+                    self._obstore.delete(self._store, path)
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> None:
+        """Nothing to close: obstore's connection pools end with the backend."""
+
+
+def _lease_end(body: bytes) -> float:
+    """When a lock object's lease ends; 0 (ended) for a body that is not a lock of ours."""
+    try:
+        until = json.loads(body)["until"]
+    except (ValueError, KeyError, TypeError):
+        return 0.0
+    return float(until) if isinstance(until, (int, float)) else 0.0
+
+
+def _owner(body: bytes) -> str | None:
+    try:
+        owner = json.loads(body)["owner"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return owner if isinstance(owner, str) else None
+
+
+def _wait_for(attempt: Any, timeout: float) -> Held:
+    """Call ``attempt`` until it takes the lock or ``timeout`` passes: pauses grow from 10 ms to
+    a quarter second, since every attempt is a billed request."""
+    if attempt():
+        return Held.FREE
+    deadline = time.monotonic() + timeout
+    pause = 0.01
+    while time.monotonic() < deadline:
+        time.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
+        if attempt():
+            return Held.WAITED
+        pause = min(pause * 2, 0.25)
+    return Held.TIMEOUT
+
+
+#: Backends rebuilt in this process from pickles, by URL and options: one client per store.
+_rebuilt: dict[str, ObjectStoreBackend] = {}
+
+
+def _rebuild(url: str, options: dict[str, Any]) -> ObjectStoreBackend:
+    """The backend a pickle names, made once per process."""
+    key = json.dumps([url, sorted(options.items())], default=repr)
+    made = _rebuilt.get(key)
+    if made is None:
+        made = _rebuilt[key] = ObjectStoreBackend(url, **options)
+    return made
