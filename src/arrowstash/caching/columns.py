@@ -102,13 +102,27 @@ def _arrow(hasher: Any, obj: Any) -> None:
             _arrow(hasher, column)
     elif isinstance(obj, (pa.ChunkedArray, pa.Array)):
         chunks = obj.chunks if isinstance(obj, pa.ChunkedArray) else [obj]
-        hasher.tag(b"C", f"{obj.type}|{len(obj)}|{obj.null_count}".encode())
+        hasher.tag(b"C", f"{_type_name(obj.type)}|{len(obj)}|{obj.null_count}".encode())
         _arrow_chunks(hasher, chunks, with_validity=obj.null_count > 0)
     elif isinstance(obj, pa.Scalar):
         hasher.tag(b"c", str(obj.type).encode())
         hasher.value(obj.as_py())
     else:
         raise TypeError(f"pyarrow {type(obj).__qualname__}")
+
+
+def _type_name(t: Any) -> str:
+    """The type as a key sees it: string, large_string and string_view hold the same values
+    (and so do the binary ones); a dictionary column is its values."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if t in (pa.large_string(), pa.string_view()):
+        return "string"
+    if t in (pa.large_binary(), pa.binary_view()):
+        return "binary"
+    return str(t)
 
 
 def _arrow_chunks(hasher: Any, chunks: list[Any], with_validity: bool) -> None:

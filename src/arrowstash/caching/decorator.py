@@ -37,6 +37,7 @@ def cache(
     l1_max_bytes: int = ...,
     key: Callable[..., Any] | None = ...,
     ignore: Iterable[str] = ...,
+    code: str = ...,
     lock: bool = ...,
     lock_timeout: float = ...,
     strict: bool = ...,
@@ -63,6 +64,7 @@ def cache(
     l1_max_bytes: int = 64 << 20,
     key: Callable[..., Any] | None = None,
     ignore: Iterable[str] = (),
+    code: str = "track",
     lock: bool = True,
     lock_timeout: float = 60.0,
     strict: bool = False,
@@ -89,6 +91,12 @@ def cache(
             return type(f)(decorate(f.__func__))
         if not callable(f):
             raise TypeError(f"@cache needs a function, not {type(f).__qualname__}")
+        if inspect.isgeneratorfunction(f) or inspect.isasyncgenfunction(f):
+            raise TypeError(
+                f"@cache cannot cache the generator function {f.__qualname__}: calling it "
+                f"returns a generator, which runs lazily and can be consumed once; cache a "
+                f"function that returns a list (e.g. list({f.__name__}(...))) instead"
+            )
         core = Core(f, options)
         observers.register(core)
         if inspect.iscoroutinefunction(f):

@@ -3,7 +3,9 @@
 Every value is written as a type tag plus its content, so ``1``, ``1.0`` and ``True`` differ and
 the same call gives the same key on every machine and Python run. Arrays and frames are hashed
 by their buffers, column by column (so an equal frame with another block layout or chunking gets
-the same key), never by pickling.
+the same key). Other objects (instances of the user's classes) are hashed by content: their
+pickle protocol 5 stream, with out-of-band buffers hashed in place. The prefix of every key holds
+a fingerprint of the function's code (see ``caching.code``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import enum
 import inspect
 import math
 import pathlib
+import pickle
 import struct
 import uuid
 from collections.abc import Callable, Iterable
@@ -92,12 +95,33 @@ class _Hasher:
             from arrowstash.caching import columns
 
             if not columns.hash_into(self, obj):
-                raise TypeError(
-                    f"cannot build a cache key from {self.where}: values of type "
-                    f"{cls.__module__}.{cls.__qualname__} are not supported; pass key= to the "
-                    f"decorator, add the parameter to ignore=, or give the type a "
-                    f"__cache_key__() method"
-                )
+                self._pickled(obj)
+
+    def _pickled(self, obj: Any) -> None:
+        """Any other object by content: its pickle stream, and its out-of-band buffers (large
+        arrays inside it) hashed where they lie."""
+        buffers = xxhash.xxh3_128()
+
+        def hash_buffer(buffer: pickle.PickleBuffer) -> None:
+            raw = buffer.raw()
+            buffers.update(raw.nbytes.to_bytes(8, "little"))
+            buffers.update(raw)
+
+        try:
+            stream = pickle.dumps(obj, protocol=5, buffer_callback=hash_buffer)
+        except (pickle.PicklingError, TypeError, AttributeError, ValueError) as exc:
+            cls = type(obj)
+            hint = "" if self.where in ("parameter 'self'", "parameter 'cls'") else \
+                ", or leave the parameter out of the key with ignore= if it cannot change " \
+                "the result"
+            raise TypeError(
+                f"cannot build a cache key from {self.where}: a value of type "
+                f"{cls.__module__}.{cls.__qualname__} has no content to hash (it cannot be "
+                f"pickled: {exc}); pass key= to the decorator, give the type a "
+                f"__cache_key__() method{hint}"
+            ) from None
+        self.tag(b"o", stream)
+        self.h.update(buffers.digest())
 
     def _sub(self, obj: Any) -> bytes:
         sub = _Hasher(b"")
@@ -110,6 +134,14 @@ class _Hasher:
         self.tag(tag, _Q.pack(len(parts)))
         for part in parts:
             self.h.update(part)
+
+
+def digest_of(value: Any) -> bytes:
+    """The digest of one value by the key rules (TypeError when it has none)."""
+    hasher = _Hasher(b"")
+    hasher.where = "a value"
+    hasher.value(value)
+    return hasher.h.digest()
 
 
 _FAST = frozenset({int, str, float, bool, bytes, type(None)})
@@ -135,6 +167,8 @@ class KeyMaker:
         ignore: Iterable[str] = (),
         key: Callable[..., Any] | None = None,
         memo_size: int = 4096,
+        code: Any = None,  # a caching.code.CodeTracker (which imports this module)
+        on_code_change: Callable[[], None] | None = None,
     ) -> None:
         self._signature = inspect.signature(func)
         self._ignore = frozenset(ignore)
@@ -144,12 +178,17 @@ class KeyMaker:
                 f"ignore= names {sorted(unknown)} that are not parameters of "
                 f"{func.__qualname__}{self._signature}"
             )
-        self._prefix = prefix.encode()
+        self._base = self._prefix = prefix.encode()
+        self._code = code
+        self._on_code_change = on_code_change
         self._key = key
         self._memo: dict[Any, bytes] = {}
         self._memo_size = memo_size
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+        code = self._code
+        if code is not None and code.changed():
+            self._code_moved(code)
         if kwargs:
             items = tuple(sorted(kwargs.items()))
             memo_key: Any = (args, tuple(map(type, args)), items, tuple(type(v) for _, v in items))
@@ -171,6 +210,18 @@ class KeyMaker:
                 self._memo.pop(next(iter(self._memo)))
             self._memo[memo_key] = digest
         return digest
+
+    def _code_moved(self, code: Any) -> None:
+        """A global the code fingerprint read was rebound: recompute it; a new one is a new
+        prefix for every key (old entries are never served again)."""
+        old = code.fingerprint
+        new = code.update()
+        if new == old:
+            return
+        self._prefix = self._base + new + b"\0"
+        self._memo.clear()
+        if old is not None and self._on_code_change is not None:
+            self._on_code_change()
 
     def _digest(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
         hasher = _Hasher(self._prefix)

@@ -50,6 +50,9 @@ class Options:
     key: Callable[..., Any] | None = None
     #: Parameters left out of the key (e.g. a logger or a verbosity flag).
     ignore: tuple[str, ...] = ()
+    #: "track": keys hold a fingerprint of the function's code and of the helpers it reaches
+    #: (docs/keys.md); "ignore": they do not (``version=`` is then the only code marker).
+    code: str = "track"
     #: Stampede protection: one caller computes a key, the others wait for its value.
     lock: bool = True
     #: Seconds a caller waits for another's computation before computing anyway.
@@ -113,6 +116,8 @@ class Options:
                 raise TypeError(f"{name} must be True or False, not {getattr(self, name)!r}")
         if self.encrypt is not None and type(self.encrypt) is not bool:
             raise TypeError(f"encrypt must be True, False or None, not {self.encrypt!r}")
+        if self.code not in ("track", "ignore"):
+            raise ValueError(f"code must be 'track' or 'ignore', not {self.code!r}")
         if self.key is not None and not callable(self.key):
             raise TypeError(f"key must be a function of the call's arguments, not {self.key!r}")
         ignore: Iterable[str] = self.ignore

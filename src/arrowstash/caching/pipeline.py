@@ -4,6 +4,7 @@ encoding entries, trust checks, counters and logs. ``operations`` strings them t
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 import weakref
@@ -14,6 +15,7 @@ from typing import Any, NamedTuple
 from arrowstash import config
 from arrowstash.backends.base import Backend, Held, Stored
 from arrowstash.backends.registry import opened
+from arrowstash.caching.code import CodeTracker
 from arrowstash.caching.freshness import Freshness
 from arrowstash.caching.keys import KeyMaker
 from arrowstash.caching.l1 import L1, L1Item, copier, frozen_size
@@ -55,20 +57,22 @@ class CacheInfo:
     mean_hit_latency: float  # seconds
     mean_miss_latency: float
     l1_entries: int
+    code_changes: int = 0  # times a change of the function's code was noticed (docs/keys.md)
 
 
 class _Stats:
     """Counters; hits of the shells' fast L1 path are kept apart (one increment per hit)."""
 
-    __slots__ = ("bytes_read", "bytes_stored", "error_kinds", "errors", "fast_hits", "fast_time",
-                 "fast_timed", "hit_time", "hits", "l1_hits", "miss_time", "misses", "refreshes",
-                 "stores")
+    __slots__ = ("bytes_read", "bytes_stored", "code_changes", "error_kinds", "errors",
+                 "fast_hits", "fast_time", "fast_timed", "hit_time", "hits", "l1_hits", "miss_time",
+                 "misses", "refreshes", "stores")
 
     def __init__(self) -> None:
         self.hits = self.misses = self.l1_hits = self.errors = self.bytes_stored = 0
         self.fast_hits = self.fast_timed = 0  # fast_time sums the fast_timed sampled hits
         self.stores = self.bytes_read = 0  # backend traffic, for arrowstash.metrics
         self.refreshes = 0  # background refreshes that stored a new value
+        self.code_changes = 0
         self.hit_time = self.miss_time = self.fast_time = 0.0
         self.error_kinds: dict[str, int] = {}  # errors by kind (see arrowstash.caching.logs)
 
@@ -145,8 +149,10 @@ class Core:
         self.freshness = Freshness.of(options)
         #: how long entries are kept: past ``ttl`` while they may still be served stale
         self.lifetime = self.ttl if self.freshness is None else self.freshness.lifetime
+        self.code = CodeTracker(func) if options.code == "track" else None
         self.keys = KeyMaker(func, f"{self.name}\0{namespace}\0{options.version}\0",
-                             options.ignore, options.key)
+                             options.ignore, options.key, code=self.code,
+                             on_code_change=self._code_changed)
         self.backend = _backend(options.backend)
         remote = self.backend is not None and self.backend.capabilities.remote
         self.serializer = resolve(options.serializer).for_backend(remote)
@@ -394,7 +400,19 @@ class Core:
              else s.hit_time) / hits if hits else 0.0,
             s.miss_time / s.misses if s.misses else 0.0,
             len(self.l1) if self.l1 is not None else 0,
+            s.code_changes,
         )
+
+    def _code_changed(self) -> None:
+        """The code behind the function changed: its old entries are never served again."""
+        self.stats.code_changes += 1
+        if self.l1 is not None:
+            self.l1.clear()
+        fingerprint = self.code.fingerprint.hex()[:12] if self.code and self.code.fingerprint \
+            else ""
+        self.log.event("code_changed", "code changed (the function or a helper it reaches was "
+                       "redefined): recomputing, entries of the old code are not served",
+                       topic=f"code {fingerprint}", level=logging.INFO)
 
     def clear(self) -> int:
         if self.l1 is not None:

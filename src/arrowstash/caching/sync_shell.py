@@ -32,6 +32,7 @@ class CachedFunction:
         self._recency: Callable[..., object] = (
             core.l1.items.move_to_end if core.l1 is not None else bytes
         )
+        self._code = core.code  # the fast path's test of rebound helpers (caching.code)
         self.uncached = core.func
         functools.update_wrapper(self, core.func)
 
@@ -65,9 +66,12 @@ class CachedFunction:
             # mean hit latency of cache_info() extrapolates from those.
             sampled = not stats.fast_hits & 63
             started = _clock() if sampled else 0.0
+            code = self._code
             try:
-                found = fast.get(args)
-            except TypeError:  # unhashable arguments
+                # a helper rebound (a notebook cell) sends the call to _call, which notices
+                found = fast.get(args) if code is None or code.get(code.scope) == code.seen \
+                    else None
+            except (TypeError, KeyError, ValueError):  # unhashable arguments, a global deleted
                 found = None
             if found is not None:
                 types, item = found

@@ -1,0 +1,215 @@
+"""Keys by content: instances, unpicklable arguments, and hypothesis properties of stability and
+distinctness for plain values, arrays and frames."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import struct
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from arrowstash import cache
+from arrowstash.caching.keys import digest_of
+
+
+class Model:
+    def __init__(self, factor: int, weights: Any = None) -> None:
+        self.factor = factor
+        self.weights = weights
+        self.calls = 0
+
+    @cache(backend=None, ignore=())
+    def predict(self, x: int) -> int:
+        return self.factor * x
+
+
+def test_instances_of_a_plain_class_are_keyed_by_content() -> None:
+    assert Model(2).predict(3) == 6
+    assert Model(3).predict(3) == 9  # the issue's report: both returned 6
+    assert Model(2).predict(3) == 6
+    assert Model.predict.cache_info().misses == 2  # an equal instance is a hit
+    big = np.arange(1_000_000, dtype=np.float64)
+    changed = big.copy()
+    changed[-1] = -1.0
+    key = Model.predict.cache_key
+    assert key(Model(1, big), 1) == key(Model(1, big.copy()), 1)
+    assert key(Model(1, big), 1) != key(Model(1, changed), 1)
+
+
+def test_out_of_band_buffers_are_hashed_not_copied_into_the_stream() -> None:
+    import pickle
+
+    array = np.arange(4_000_000, dtype=np.uint8)
+    buffers: list[Any] = []
+    stream = pickle.dumps(Model(1, array), protocol=5, buffer_callback=buffers.append)
+    assert len(stream) < 10_000 and len(buffers) == 1  # what _pickled hashes in place
+
+
+def test_cache_key_method_and_dataclasses_keep_priority() -> None:
+    class Conn:
+        def __init__(self, dsn: str) -> None:
+            self.dsn = dsn
+            self.lock = threading.Lock()  # unpicklable: __cache_key__ decides
+
+        def __cache_key__(self) -> str:
+            return self.dsn
+
+    @dataclasses.dataclass
+    class Point:
+        x: int
+        y: int
+
+    assert digest_of(Conn("a")) == digest_of(Conn("a")) != digest_of(Conn("b"))
+    assert digest_of(Point(1, 2)) == digest_of(Point(1, 2)) != digest_of(Point(2, 1))
+
+
+@pytest.mark.parametrize("make", [
+    threading.Lock,
+    lambda: open(__file__, "rb"),  # noqa: SIM115 (closed below)
+    lambda: (i for i in range(3)),
+    lambda: (lambda: 1),
+], ids=["lock", "file", "generator", "lambda"])
+def test_unpicklable_arguments_get_an_error_naming_parameter_and_type(make: Any) -> None:
+    calls: list[Any] = []
+
+    @cache(backend=None)
+    def f(x: int, resource: Any) -> int:
+        calls.append(x)
+        return x
+
+    value = make()
+    with pytest.raises(TypeError, match=f"'resource'.*{type(value).__qualname__}"):
+        f(1, value)
+    assert calls == []
+    if hasattr(value, "close"):
+        value.close()
+
+
+def test_no_message_suggests_ignoring_self(tmp_path: Path) -> None:
+    class Holder:
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+
+        @cache(backend=None)
+        def get(self, x: int) -> int:
+            return x
+
+    with pytest.raises(TypeError, match="'self'") as raised:
+        Holder().get(1)
+    assert "ignore" not in str(raised.value)
+
+
+# -- hypothesis: equal values, equal keys; different values, different keys -----------------
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True),
+                    st.text(max_size=8), st.binary(max_size=8))
+values = st.recursive(scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.tuples(inner, inner),
+    st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    st.frozensets(st.integers(), max_size=4)), max_leaves=12)
+
+
+def canonical(value: Any) -> Any:
+    """What a key must tell apart: the type and the content, not insertion order."""
+    if isinstance(value, float):
+        return ("float", "nan" if math.isnan(value) else struct.pack("<d", value))
+    if isinstance(value, dict):
+        return ("dict", sorted((repr(canonical(k)), repr(canonical(v)))
+                               for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [canonical(v) for v in value])
+    if isinstance(value, frozenset):
+        return ("frozenset", sorted(value))
+    return (type(value).__name__, value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(values)
+def test_equal_values_give_equal_keys(value: Any) -> None:
+    assert digest_of(value) == digest_of(copy.deepcopy(value))
+    if isinstance(value, dict):
+        assert digest_of(value) == digest_of(dict(reversed(list(value.items()))))
+
+
+@settings(max_examples=300, deadline=None)
+@given(values, values)
+def test_different_values_give_different_keys(a: Any, b: Any) -> None:
+    assume(canonical(a) != canonical(b))
+    assert digest_of(a) != digest_of(b)
+
+
+words = st.lists(st.one_of(st.none(), st.text(max_size=6)), min_size=1, max_size=30)
+numbers = st.lists(st.one_of(st.none(), st.integers(-2**40, 2**40)), min_size=1, max_size=30)
+
+
+def layouts(table: pa.Table, tmp: Path) -> list[Any]:
+    """The same values in other memory layouts."""
+    out = [table, copy.deepcopy(table), pa.Table.from_batches(table.to_batches(max_chunksize=3)),
+           table.combine_chunks()]
+    pq.write_table(table, tmp)
+    out.append(pq.read_table(tmp))
+    for kind in (pa.large_string(), pa.string_view()):
+        out.append(table.set_column(0, "s", table.column("s").cast(kind)))
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(words, numbers)
+def test_arrow_tables_equal_in_any_layout_and_different_when_a_value_moves(
+        tmp_path_factory: pytest.TempPathFactory, s: list[Any], n: list[Any]) -> None:
+    size = min(len(s), len(n))
+    table = pa.table({"s": pa.array(s[:size], pa.string()), "n": pa.array(n[:size], pa.int64())})
+    tmp = tmp_path_factory.mktemp("pq") / "t.parquet"
+    digests = {digest_of(t) for t in layouts(table, tmp)}
+    assert len(digests) == 1
+    sliced = pa.concat_tables([table, table]).slice(size, size)
+    assert digest_of(sliced) == digest_of(table)
+    renamed = table.rename_columns(["s2", "n"])
+    reordered = table.select(["n", "s"])
+    assert len({digest_of(table), digest_of(renamed), digest_of(reordered)}) == 3
+    if s[0] is not None:
+        changed = table.set_column(0, "s", pa.array([s[0] + "x", *s[1:size]], pa.string()))
+        assert digest_of(changed) != digest_of(table)
+        nulled = table.set_column(0, "s", pa.array([None, *s[1:size]], pa.string()))
+        assert digest_of(nulled) != digest_of(table)
+    cast = table.set_column(1, "n", table.column("n").cast(pa.float64()))
+    assert digest_of(cast) != digest_of(table)
+
+
+@settings(max_examples=60, deadline=None)
+@given(words, numbers)
+def test_pandas_frames_equal_by_value_and_different_when_a_cell_changes(
+        s: list[Any], n: list[Any]) -> None:
+    size = min(len(s), len(n))
+    frame = pd.DataFrame({"s": pd.array(s[:size], dtype="str"),
+                          "n": pd.array(n[:size], dtype="Int64")})
+    assert digest_of(frame) == digest_of(frame.copy(deep=True))
+    assert digest_of(frame) == digest_of(pd.concat([frame.iloc[:1], frame.iloc[1:]]))
+    assert digest_of(frame) != digest_of(frame.rename(columns={"s": "t"}))
+    assert digest_of(frame) != digest_of(frame[["n", "s"]])
+    if n[0] is not None:
+        changed = frame.copy()
+        changed.loc[0, "n"] = n[0] + 1
+        assert digest_of(changed) != digest_of(frame)
+    if size > 1 and (s[0] is None) != (s[1] is None):
+        moved = frame.copy()
+        moved["s"] = pd.array([s[1], s[0], *s[2:size]], dtype="str")
+        assert digest_of(moved) != digest_of(frame)
+
+
+def test_a_sliced_numpy_array_and_its_copy() -> None:
+    base = np.arange(100, dtype=np.int32)
+    view = base[10:60:2]
+    assert digest_of(view) == digest_of(view.copy())
+    assert digest_of(view) != digest_of(view.astype(np.int64))
