@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+from arrowstash.backends._file_io import TEMP_FOLDER
+from arrowstash.backends._file_space import LEDGER, LOCKS_FOLDER
 from arrowstash.backends.base import Backend
 from arrowstash.caching.decorator import CachedFunction, cache
 from arrowstash.cli._output import emit_json, human_size, human_time, needs, progress, say, table
@@ -153,6 +155,9 @@ def _remove_empty_folders(root: Path, remove_root: bool) -> None:
         with contextlib.suppress(OSError):
             top.rmdir()
     if remove_root:
-        with contextlib.suppress(OSError):
-            (root / ".locks").rmdir()  # the stampede locks' folder
+        with contextlib.suppress(OSError):  # the File backend's own folders and size ledger
+            for own in (LOCKS_FOLDER, TEMP_FOLDER):
+                if (root / own).exists():
+                    (root / own).rmdir()
+            (root / LEDGER).unlink(missing_ok=True)
             root.rmdir()
