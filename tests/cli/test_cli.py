@@ -148,7 +148,7 @@ def test_info_summarises(folder: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "avro codec   native" in out
 
 
-@pytest.mark.parametrize("command", [["ls"], ["info"], ["purge", "--all"]])
+@pytest.mark.parametrize("command", [["ls"], ["info"], ["purge", "--all"], ["verify"]])
 def test_a_missing_folder_is_refused_and_not_created(
     command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch

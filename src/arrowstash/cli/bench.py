@@ -153,6 +153,11 @@ def _remove_empty_folders(root: Path, remove_root: bool) -> None:
         with contextlib.suppress(OSError):
             top.rmdir()
     if remove_root:
+        from arrowstash.backends._file_io import TEMP_FOLDER
+        from arrowstash.backends._file_space import LOCKS_FOLDER
+
+        for own in (LOCKS_FOLDER, TEMP_FOLDER):  # the File backend's working folders
+            with contextlib.suppress(OSError):
+                (root / own).rmdir()
         with contextlib.suppress(OSError):
-            (root / ".locks").rmdir()  # the stampede locks' folder
             root.rmdir()

@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from arrowstash import backends, config
+from arrowstash import config
 from arrowstash.cli._output import human_size, progress
+from arrowstash.cli.store import URL_HELP, existing_backend
 from arrowstash.entry.format import FLAG_ENCRYPTED, Key, open_encrypted, parse_entry
 from arrowstash.entry.listing import EntryInfo
 from arrowstash.errors import BackendError, CorruptEntryError
@@ -18,8 +19,7 @@ from arrowstash.errors import BackendError, CorruptEntryError
 def register(sub: Any) -> None:
     verify = sub.add_parser("verify", help="check every entry's bytes; report and remove "
                             "damaged ones")
-    verify.add_argument("url", nargs="?", help="backend URL (default: $ARROWSTASH_URL or the "
-                        "user's cache folder)")
+    verify.add_argument("url", nargs="?", help=URL_HELP)
     verify.add_argument("--keep", action="store_true", help="report damaged entries only")
     verify.set_defaults(run=run)
 
@@ -52,7 +52,7 @@ def check(backend: Any, info: EntryInfo, secret: bytes | None, keyring: Any) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    backend = backends.from_url(args.url) if args.url else backends.default_backend()
+    backend = existing_backend(args.url)
     if not backend.capabilities.lists_entries:
         print(f"{backend!r} cannot list its entries: nothing to verify")
         return 0
