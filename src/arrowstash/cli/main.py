@@ -4,6 +4,7 @@ encode or convert Avro."""
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -112,6 +113,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    # the library's warnings (a pure-Python Avro codec, an unreachable store) as one line each
+    logging.basicConfig(format="arrowstash: %(levelname)s: %(message)s", level=logging.WARNING)
     try:
         return int(args.run(args))
     except store.MissingCache as exc:
