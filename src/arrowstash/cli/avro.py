@@ -11,12 +11,17 @@ File. pyarrow is imported only when one of these commands runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import struct
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
+
+from arrowstash.cli._output import progress, working
 
 CHUNK = 100_000  # messages decoded or encoded per step (progress is reported per step)
+PARQUET_ROW_GROUP = 1 << 20  # rows per Parquet row group: pyarrow's default, one step each
 TABLE_SUFFIXES = (".parquet", ".arrow", ".feather", ".ipc", ".csv")
 OCF_MAGIC = b"Obj\x01"  # the first bytes of every Object Container File
 
@@ -161,41 +166,55 @@ def read_table(path: Path) -> Any:
 
 
 def write_table(path: Path, table: Any) -> None:
+    """Write ``table`` in the format ``path``'s extension names, a slice at a time (a progress
+    bar on a terminal: writing a large table is most of a conversion's time)."""
     import pyarrow as pa
 
+    step = PARQUET_ROW_GROUP if path.suffix == ".parquet" else CHUNK
+    starts = range(0, max(table.num_rows, 1), step)  # an empty table is one (empty) slice
     try:
-        if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            pq.write_table(table, path)
-        elif path.suffix == ".csv":
-            import pyarrow.csv
-
-            pyarrow.csv.write_csv(table, path)
-        elif path.suffix in (".arrow", ".feather", ".ipc"):
-            with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
-                w.write_table(table)
-        elif path.suffix in (".jsonl", ".ndjson"):
-            _write_json_lines(path, table)
-        else:
-            raise ValueError(f"{path}: unknown output format; use .parquet, .arrow, .csv or "
-                             ".jsonl")
+        with _writer(path, table.schema) as write:
+            for start in progress(starts, f"writing {table.num_rows:,} rows to {path.name}"):
+                write(table.slice(start, step))
     except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid) as exc:
         path.unlink(missing_ok=True)
         raise ValueError(f"cannot write these columns to {path.suffix}: {exc} "
                          "(nested columns and unions need .arrow)") from exc
 
 
-def _write_json_lines(path: Path, table: Any) -> None:
+@contextlib.contextmanager
+def _writer(path: Path, schema: Any) -> Iterator[Callable[[Any], None]]:
+    """A function writing one slice of a table after another to ``path``."""
+    import pyarrow as pa
+
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        with pq.ParquetWriter(path, schema) as parquet:
+            yield parquet.write_table
+    elif path.suffix == ".csv":
+        import pyarrow.csv
+
+        with pyarrow.csv.CSVWriter(path, schema) as csv:
+            yield csv.write_table
+    elif path.suffix in (".arrow", ".feather", ".ipc"):
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema) as ipc:
+            yield ipc.write_table
+    elif path.suffix in (".jsonl", ".ndjson"):
+        with open(path, "w", encoding="utf-8") as out:
+            yield lambda piece: _write_json_lines(out, piece)
+    else:
+        raise ValueError(f"{path}: unknown output format; use .parquet, .arrow, .csv or .jsonl")
+
+
+def _write_json_lines(out: TextIO, table: Any) -> None:
     """One JSON object per row; bytes as latin-1 text (Avro's JSON encoding), dates and
     decimals as their text."""
     def plain(value: Any) -> Any:
         return value.decode("latin-1") if isinstance(value, bytes) else str(value)
 
-    with open(path, "w", encoding="utf-8") as out:
-        for batch in table.to_batches(max_chunksize=CHUNK):
-            for row in batch.to_pylist():
-                out.write(json.dumps(row, default=plain, ensure_ascii=False) + "\n")
+    for row in table.to_pylist():
+        out.write(json.dumps(row, default=plain, ensure_ascii=False) + "\n")
 
 
 # -- commands ----------------------------------------------------------------------------------
@@ -206,7 +225,6 @@ def cmd_decode(args: argparse.Namespace) -> int:
     from arrowstash.avro import parse_schema
     from arrowstash.avro.decoder import decode
     from arrowstash.avro.framing import strip_header
-    from arrowstash.cli._output import progress
 
     schema = parse_schema(args.schema.read_text())
     reader = parse_schema(args.reader_schema.read_text()) if args.reader_schema else None
@@ -244,12 +262,11 @@ def cmd_encode(args: argparse.Namespace) -> int:
     if args.output.suffix == ".avro":
         if args.framing:
             raise ValueError("--framing is for message files, not .avro container files")
-        write_ocf(table, args.output, schema, args.codec)
+        with working(f"encoding {table.num_rows:,} rows into {args.output.name}"):
+            write_ocf(table, args.output, schema, args.codec)
         print(f"wrote {table.num_rows:,} records to {args.output} ({args.codec})")
         return 0
     import pyarrow as pa
-
-    from arrowstash.cli._output import progress
 
     steps = range(0, table.num_rows, CHUNK)
     parts = [encode(table.slice(start, CHUNK), schema)
@@ -291,7 +308,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from arrowstash.avro.ocf import header_of, read_ocf
 
     header = header_of(args.input)
-    table = read_ocf(args.input)
+    with working(f"reading {args.input.name} ({header.codec})"):
+        table = read_ocf(args.input)
     write_table(args.output, table)
     print(f"converted {table.num_rows:,} records ({header.codec}) into {args.output}")
     return 0

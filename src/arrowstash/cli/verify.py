@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     secret, keyring = config.secret(), _keyring()
     checked = damaged = failed = 0
     size = 0
-    for info in progress(list(backend.entries()), "verifying entries"):
+    listed = list(progress(backend.entries(), "listing entries"))
+    for info in progress(listed, "verifying entries"):
         try:
             problem = check(backend, info, secret, keyring)
             if problem and not args.keep:
