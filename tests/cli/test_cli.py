@@ -328,6 +328,16 @@ def test_bench_prints_what_it_measured(tmp_path: Path, capsys: pytest.CaptureFix
     assert list(tmp_path.iterdir()) == []  # the folder it created is gone too
 
 
+def test_bench_draws_what_it_measured(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    chart = tmp_path / "bench.png"
+    code, out, _ = _run(capsys, "bench", str(tmp_path / "cache"), "--value", "small",
+                        "--repeats", "1", "--plot", str(chart))
+    assert code == 0 and f"chart: {chart}" in out
+    assert chart.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert list(tmp_path.iterdir()) == [chart]
+
+
 def test_bench_refuses_bad_sizes(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = _run(capsys, "bench", "memory://", "--repeats", "0")
     assert code == 2 and "--repeats, --rows and --mib must be positive" in err
@@ -353,6 +363,9 @@ def test_a_missing_library_is_one_line_naming_the_extra(
                         "--repeats", "1")
     assert code == 0 and "skipped array: needs numpy (pip install 'arrowstash[numpy]')" in out
     monkeypatch.setitem(sys.modules, "matplotlib", None)
+    code, out, err = _run(capsys, "bench", str(tmp_path / "b"), "--plot", str(tmp_path / "b.png"))
+    assert (code, out) == (2, "") and not (tmp_path / "b").exists()  # refused before the work
+    assert err == "arrowstash: bench needs matplotlib (pip install 'arrowstash[plot]')\n"
     from arrowstash.cli import demo
 
     monkeypatch.setattr(demo, "_jobs", demo._fallback_jobs)  # the quick job

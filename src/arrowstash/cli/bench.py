@@ -97,10 +97,15 @@ def measure(backend: Backend, name: str, value: Any, repeats: int) -> dict[str, 
 
 
 def run(url: str | None, values: list[str], rows: int, mib: int, repeats: int,
-        as_json: bool = False) -> int:
-    """Print one row per value; 1 if a hit did not give back the value. Values whose library
-    is missing are skipped with the extra to install."""
+        as_json: bool = False, plot: str | None = None) -> int:
+    """Print one row per value (and draw them into ``plot``); 1 if a hit did not give back the
+    value. Values whose library is missing are skipped with the extra to install."""
     from arrowstash.backends.registry import default_backend, file_folder, from_url
+
+    if plot:
+        from arrowstash.cli._plot import check
+
+        check()  # a missing extra fails before the work, not after
 
     folder = file_folder(url)
     created = folder is not None and not folder.exists()
@@ -127,6 +132,15 @@ def run(url: str | None, values: list[str], rows: int, mib: int, repeats: int,
                    "results": results, "skipped": skipped})
     else:
         _print(backend, results, skipped, repeats)
+    if plot and results:
+        from arrowstash.cli._plot import bars
+
+        bars(plot, [r["value"] for r in results],
+             {f"store (miss through @cache), median of {repeats}": [r["store"] for r in results],
+              f"hit (L1 off), median of {3 * repeats}": [r["hit"] for r in results]},
+             f"arrowstash bench: {type(backend).__name__}")
+        if not as_json:
+            say(f"chart: {plot}")
     return 0 if all(row["same"] for row in results) else 1
 
 

@@ -135,7 +135,9 @@ def _measure(backend: FileBackend, name: str, job: Callable[[], Any]) -> dict[st
 
 def run(directory: str | None, plot: str | None = None, clear: bool = False) -> int:
     if plot:
-        import matplotlib  # noqa: F401  (a missing extra fails before the work, not after)
+        from arrowstash.cli._plot import check
+
+        check()  # a missing extra fails before the work, not after
     with tempfile.TemporaryDirectory(prefix="arrowstash-demo-") as scratch:
         backend = FileBackend(directory or scratch)
         if clear or not directory:
@@ -173,26 +175,13 @@ def _print(rows: list[tuple[str, dict[str, Any]]]) -> None:
 
 
 def _plot(rows: list[tuple[str, dict[str, Any]]], path: str) -> None:
-    """A bar chart of first-call and hit times per job, in milliseconds on a log scale."""
-    import matplotlib
+    """First-call and hit times per job."""
+    from arrowstash.cli._plot import bars
 
-    matplotlib.use("Agg")  # files only: no display needed
-    import matplotlib.pyplot as plt
-
-    labels = [label for label, _ in rows]
-    xs = range(len(rows))
-    fig, ax = plt.subplots(figsize=(8, 4), layout="constrained")
-    ax.bar([x - 0.2 for x in xs], [r["first"] * 1e3 for _, r in rows], 0.4,
-           label="first call (miss: compute + store)")
-    ax.bar([x + 0.2 for x in xs], [r["hit"] * 1e3 for _, r in rows], 0.4,
-           label="hit from the File backend (L1 off)")
-    ax.set_xticks(list(xs), labels)
-    ax.set_yscale("log")
-    ax.set_ylabel("milliseconds (log scale)")
-    ax.set_title("arrowstash demo: miss vs hit per job")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    bars(path, [label for label, _ in rows],
+         {"first call (miss: compute + store)": [r["first"] for _, r in rows],
+          "hit from the File backend (L1 off)": [r["hit"] for _, r in rows]},
+         "arrowstash demo: miss vs hit per job")
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -71,7 +71,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.repeats < 1 or args.rows < 1 or args.mib < 1:
         raise ValueError("--repeats, --rows and --mib must be positive")
     return run(args.url, args.value or list(VALUES), args.rows, args.mib, args.repeats,
-               args.json)
+               args.json, args.plot)
 
 
 def _add_demo_and_bench(sub: Any) -> None:
@@ -96,6 +96,8 @@ def _add_demo_and_bench(sub: Any) -> None:
     bench.add_argument("--mib", type=int, default=256, help="size of the float64 array, MiB")
     bench.add_argument("--repeats", type=int, default=5, help="stores per value (3 hits each)")
     bench.add_argument("--json", action="store_true", help="print JSON for scripts")
+    bench.add_argument("--plot", metavar="FILE.png", help="draw store and hit times per value "
+                                                          "(extra: plot)")
     bench.set_defaults(run=cmd_bench)
 
 
