@@ -249,7 +249,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
     from arrowstash.avro import from_arrow_schema, parse_schema
     from arrowstash.avro.encoder import encode
     from arrowstash.avro.framing import add_header
-    from arrowstash.avro.ocf import write_ocf
+    from arrowstash.avro.ocf import header_of, write_ocf
 
     table = read_table(args.input)
     schema = parse_schema(args.schema.read_text()) if args.schema else from_arrow_schema(table)
@@ -264,7 +264,8 @@ def cmd_encode(args: argparse.Namespace) -> int:
             raise ValueError("--framing is for message files, not .avro container files")
         with working(f"encoding {table.num_rows:,} rows into {args.output.name}"):
             write_ocf(table, args.output, schema, args.codec)
-        print(f"wrote {table.num_rows:,} records to {args.output} ({args.codec})")
+        codec = header_of(args.output).codec  # the name in the file: zstd is "zstandard"
+        print(f"wrote {table.num_rows:,} records to {args.output} ({codec})")
         return 0
     import pyarrow as pa
 
