@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
@@ -17,10 +18,11 @@ from arrowstash import FileBackend, cache
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
 
 
-def _on_a_terminal(*argv: str, python: tuple[str, ...] = ("-m", "arrowstash")) -> tuple[int, str]:
+def _on_a_terminal(*argv: str, python: tuple[str, ...] = ("-m", "arrowstash"),
+                   env: dict[str, str] | None = None) -> tuple[int, str]:
     """Run the command with stdout and stderr on a pseudo-terminal; its exit code and screen."""
     master, slave = pty.openpty()
-    process = subprocess.Popen([sys.executable, *python, *argv],
+    process = subprocess.Popen([sys.executable, *python, *argv], env={**os.environ, **(env or {})},
                                stdout=slave, stderr=slave, stdin=subprocess.DEVNULL)
     os.close(slave)
     screen = b""
@@ -121,3 +123,28 @@ def test_the_demo_shows_progress_while_its_data_loads(tmp_path: Path) -> None:
     code, screen = _on_a_terminal("flights", python=load)
     assert code == 0 and "loading flights" in screen and "336776" in screen, screen
     assert _piped("flights", python=load) == (0, "336776\n", "")
+
+
+def test_a_warning_during_progress_gets_a_line_of_its_own(tmp_path: Path) -> None:
+    """The pure-Python codec's warning comes while the decode's bar is up: it is printed above
+    the bar, not written into the bar's line."""
+    pytest.importorskip("numpy")
+    import pyarrow as pa
+
+    from arrowstash.avro import encode, from_arrow_schema
+    from arrowstash.cli.avro import write_messages
+
+    table = pa.table({"n": range(1000)})
+    schema = from_arrow_schema(table)
+    write_messages(tmp_path / "in.bin", encode(table, schema))
+    (tmp_path / "in.avsc").write_text(schema.json)
+    code, screen = _on_a_terminal("avro", "decode", str(tmp_path / "in.bin"), "--schema",
+                                  str(tmp_path / "in.avsc"), "-o", str(tmp_path / "out.arrow"),
+                                  env={"ARROWSTASH_AVRO_NATIVE": "0", "COLUMNS": "300"})
+    assert code == 0, screen
+    assert "decoding 1,000 messages" in screen
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen)  # the terminal's control sequences
+    lines = re.split(r"[\r\n]+", text)
+    assert [line for line in lines if "WARNING" in line] == [
+        "arrowstash: WARNING: Avro codec: pure Python (ARROWSTASH_AVRO_NATIVE=0): the same "
+        "results, about two orders of magnitude slower than the native one"]

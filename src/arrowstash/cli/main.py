@@ -46,6 +46,17 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+class _Stderr(logging.Handler):
+    """Log lines to ``sys.stderr`` as it is when they come: a progress bar replaces it to print
+    them above itself (a handler holding the original stream would write into the bar)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(self.format(record), file=sys.stderr)
+        except Exception:  # logging's own convention: a failing handler reports, never raises
+            self.handleError(record)
+
+
 def version() -> str:
     """``arrowstash VERSION``, with the Avro codec in use."""
     from importlib.metadata import PackageNotFoundError
@@ -116,7 +127,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     # the library's warnings (a pure-Python Avro codec, an unreachable store) as one line each
-    logging.basicConfig(format="arrowstash: %(levelname)s: %(message)s", level=logging.WARNING)
+    logging.basicConfig(format="arrowstash: %(levelname)s: %(message)s", level=logging.WARNING,
+                        handlers=[_Stderr()])
     try:
         return int(args.run(args))
     except store.MissingCache as exc:
