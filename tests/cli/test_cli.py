@@ -230,21 +230,23 @@ def test_demo_keeps_its_folder_and_a_second_run_hits_disk(tmp_path: Path) -> Non
     pytest.importorskip("matplotlib")
     folder, chart = tmp_path / "demo", tmp_path / "demo.png"
 
-    def demo(*extra: str) -> list[str]:
+    def demo(*extra: str) -> tuple[list[list[str]], str]:
         result = subprocess.run(
             [sys.executable, "-m", "arrowstash", "demo", "--dir", str(folder), *extra],
             capture_output=True, text=True, timeout=180, env=dict(os.environ),
         )
         assert result.returncode == 0, result.stdout + result.stderr
         assert f"arrowstash ls {folder}" in result.stdout and "compression none" in result.stdout
-        return [line.split() for line in result.stdout.splitlines()]
+        jobs = [line.split() for line in result.stdout.splitlines()]
+        return [line for line in jobs if line[-1:] == ["True"]], result.stdout
 
-    first = demo("--plot", str(chart))
-    jobs = [line for line in first if line[-1:] == ["True"]]
-    assert len(jobs) == 3 and all("miss" in line for line in jobs)
+    first, out = demo("--plot", str(chart))
+    assert len(first) == 3 and all("miss" in line for line in first)
+    assert "run it again: the first calls are hits from disk" in out
     assert chart.read_bytes().startswith(b"\x89PNG")
-    again = [line for line in demo() if line[-1:] == ["True"]]  # a new process, the same folder
+    again, out = demo()  # a new process, the same folder
     assert len(again) == 3 and all("(disk)" in line for line in again)
+    assert "run it again" not in out  # it was run again
     assert len(list(FileBackend(folder).entries("demo"))) == 3
 
 
