@@ -23,14 +23,24 @@ from arrowstash.cli._output import progress, working
 CHUNK = 100_000  # messages decoded or encoded per step (progress is reported per step)
 PARQUET_ROW_GROUP = 1 << 20  # rows per Parquet row group: pyarrow's default, one step each
 TABLE_SUFFIXES = (".parquet", ".arrow", ".feather", ".ipc", ".csv")
+FRAMINGS = ("confluent", "apicurio", "single-object")  # the wire headers --framing knows
 OCF_MAGIC = b"Obj\x01"  # the first bytes of every Object Container File
 
 
 def register(sub: Any) -> None:
     """Add the ``avro`` command and its subcommands to the main parser's subparsers."""
-    avro = sub.add_parser("avro", help="decode, encode and show Avro messages and files")
+    avro = sub.add_parser(
+        "avro", help="decode, encode and show Avro messages and files",
+        description="Avro from the command line: message files (each message after its 4-byte "
+                    "big-endian length, as kcat -f '%R%s' writes) and Object Container Files, "
+                    "to and from Parquet, Arrow, CSV and JSON lines.")
     commands = avro.add_subparsers(dest="avro_command", required=True)
+    _add_decode(commands)
+    _add_encode(commands)
+    _add_convert_and_cat(commands)
 
+
+def _add_decode(commands: Any) -> None:
     decode = commands.add_parser(
         "decode", help="Avro messages -> a table (Parquet, Arrow or CSV)",
         description="Decode a file of length-prefixed messages (kcat -f '%R%s'), or a "
@@ -45,12 +55,14 @@ def register(sub: Any) -> None:
     framed = decode.add_mutually_exclusive_group()
     framed.add_argument("--confluent", action="store_true",
                         help="messages carry the Confluent header (0x00 + 4-byte schema id)")
-    framed.add_argument("--framing", choices=("confluent", "apicurio", "single-object"),
-                        help="strip and check this wire header")
+    framed.add_argument("--framing", choices=FRAMINGS, metavar="FRAMING",
+                        help="strip and check this wire header: " + ", ".join(FRAMINGS))
     decode.add_argument("--column", default="value", help="binary column of a table input")
     decode.add_argument("--threads", type=int, help="decoding threads (default: all cores)")
     decode.set_defaults(run=cmd_decode)
 
+
+def _add_encode(commands: Any) -> None:
     encode = commands.add_parser(
         "encode", help="a table -> Avro messages or an Object Container File",
         description="Encode a Parquet, Arrow or CSV table as length-prefixed Avro messages, "
@@ -60,8 +72,8 @@ def register(sub: Any) -> None:
                         help=".avro for a container file, anything else for messages")
     encode.add_argument("--schema", type=Path,
                         help="writer schema (.avsc; default: derived from the table)")
-    encode.add_argument("--framing", choices=("confluent", "apicurio", "single-object"),
-                        help="prefix every message with this wire header")
+    encode.add_argument("--framing", choices=FRAMINGS, metavar="FRAMING",
+                        help="prefix every message with this wire header: " + ", ".join(FRAMINGS))
     encode.add_argument("--schema-id", type=int,
                         help="the registry id for --framing confluent/apicurio")
     encode.add_argument("--codec", default="zstd",
@@ -71,6 +83,8 @@ def register(sub: Any) -> None:
                              "as OUTPUT.avsc, when the schema was derived)")
     encode.set_defaults(run=cmd_encode)
 
+
+def _add_convert_and_cat(commands: Any) -> None:
     convert = commands.add_parser(
         "convert", help="an Object Container File -> Parquet, Arrow, CSV or JSON lines",
         description="Read an Avro Object Container File into a table and write it as Parquet, "
@@ -80,10 +94,12 @@ def register(sub: Any) -> None:
                          help="output: .parquet, .arrow/.feather/.ipc, .csv or .jsonl")
     convert.set_defaults(run=cmd_convert)
 
-    cat = commands.add_parser("cat", help="show an Object Container File's header and first "
-                                          "rows")
-    cat.add_argument("file", type=Path)
-    cat.add_argument("-n", "--rows", type=int, default=10, help="rows to show (default 10)")
+    cat = commands.add_parser(
+        "cat", help="show an Object Container File's header and first rows",
+        description="Show an Object Container File's codec, record count, schema and user "
+                    "metadata, then its first rows as a table.")
+    cat.add_argument("file", type=Path, help="Object Container File (.avro)")
+    cat.add_argument("-n", "--rows", type=int, default=10, help="rows to show")
     cat.set_defaults(run=cmd_cat)
 
 

@@ -18,7 +18,7 @@ from arrowstash.errors import ArrowstashError
 __all__ = ["human_age", "human_size", "main", "parser", "version"]
 
 
-class _Help(argparse.RawDescriptionHelpFormatter):
+class _Help(argparse.HelpFormatter):
     """Shows an option's default where it has one worth showing."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
