@@ -175,6 +175,8 @@ def test_purge_expired(folder: Path, capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_purge_namespace(folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "purge", str(folder), "--namespace", "")  # names none
+    assert (code, out.strip()) == (0, "removed 0 entries")  # not the expired ones
     code, out, _ = _run(capsys, "purge", f"file://{folder}", "--namespace", "alpha")
     assert (code, out.strip()) == (0, f"removed {ALPHA} entries")
     code, out, _ = _run(capsys, "purge", f"file://{folder}", "--namespace", "beta")

@@ -156,7 +156,7 @@ def cmd_purge(args: argparse.Namespace) -> int:
     from arrowstash.entry.format import Key
 
     backend = existing_backend(args.url)
-    if args.all or args.namespace:
+    if args.all or args.namespace is not None:  # "" is a namespace too
         which = "every entry" if args.all else f"namespace {args.namespace}"
         with working(f"deleting {which}"):
             removed = backend.clear(args.namespace)
