@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -225,6 +227,29 @@ def test_human_size(n: int, text: str) -> None:
 @pytest.mark.parametrize(("s", "text"), [(5, "5s"), (90, "1.5m"), (7200, "2.0h"), (86400, "1.0d")])
 def test_human_age(s: float, text: str) -> None:
     assert human_age(s) == text
+
+
+def test_the_demo_names_a_command_that_runs_from_any_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from arrowstash.cli.demo import _command
+
+    spec = importlib.util.find_spec("arrowstash.__main__")  # found, not run
+    assert spec is not None and spec.origin is not None
+    main_module = spec.origin
+    script = Path(sys.executable).parent / "arrowstash"  # as scripts/demo.sh runs it
+    monkeypatch.setattr(sys, "argv", [str(script)])
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert _command() == str(script)
+    monkeypatch.setenv("PATH", str(script.parent))  # an activated venv
+    assert _command() == "arrowstash"
+    monkeypatch.setattr(sys, "argv", [main_module])  # python -m arrowstash
+    assert _command() == f"{sys.executable} -m arrowstash"
+    for argv in ([str(script)], [main_module]):
+        monkeypatch.setattr(sys, "argv", argv)
+        ran = subprocess.run([*shlex.split(_command()), "--version"], cwd=tmp_path,
+                             capture_output=True, text=True, check=True)
+        assert ran.stdout.startswith("arrowstash ")
 
 
 @pytest.mark.slow

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import shutil
+import sys
 import tempfile
 import time
 import zipfile
@@ -153,10 +155,22 @@ def run(directory: str | None, plot: str | None = None, clear: bool = False) -> 
             _plot(rows, plot)
             say(f"chart: {plot}")
         if directory:
-            say(f"\ninspect it:  arrowstash ls {directory}")
+            say(f"\ninspect it:  {_command()} ls {backend.directory}")
             if any(row["missed"] for _, row in rows):
                 say("run it again: the first calls are hits from disk, in a new process")
         return 0 if all(row["same"] for _, row in rows) else 1
+
+
+def _command() -> str:
+    """How to run this command from any folder: ``arrowstash`` when that is the one on the PATH,
+    else its full path (scripts/demo.sh runs ``.venv/bin/arrowstash``, not on the PATH)."""
+    script = Path(sys.argv[0]).absolute()
+    on_path = shutil.which("arrowstash")
+    if on_path is not None and Path(on_path).absolute() == script:
+        return "arrowstash"
+    if script.name == "arrowstash":
+        return str(script)
+    return f"{sys.executable} -m arrowstash"
 
 
 def _print(rows: list[tuple[str, dict[str, Any]]]) -> None:
