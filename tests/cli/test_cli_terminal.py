@@ -113,6 +113,10 @@ def test_avro_convert_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
         assert (code, err) == (0, "")
         assert out == f"converted 250,000 records (zstandard) into {tmp_path / f'p{suffix}'}\n"
         assert (tmp_path / f"p{suffix}").read_bytes() == (tmp_path / f"t{suffix}").read_bytes()
+    code, screen = _on_a_terminal("avro", "cat", str(source))
+    assert code == 0 and "reading big.avro (zstandard)" in screen, screen
+    code, out, err = _piped("avro", "cat", str(source))
+    assert (code, err) == (0, "") and "reading" not in out
 
 
 def test_the_demo_shows_progress_while_its_data_loads(tmp_path: Path) -> None:
@@ -142,7 +146,7 @@ def test_a_warning_during_progress_gets_a_line_of_its_own(tmp_path: Path) -> Non
                                   str(tmp_path / "in.avsc"), "-o", str(tmp_path / "out.arrow"),
                                   env={"ARROWSTASH_AVRO_NATIVE": "0", "COLUMNS": "300"})
     assert code == 0, screen
-    assert "decoding 1,000 messages" in screen
+    assert "reading in.bin" in screen and "decoding 1,000 messages" in screen
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen)  # the terminal's control sequences
     lines = re.split(r"[\r\n]+", text)
     assert [line for line in lines if "WARNING" in line] == [

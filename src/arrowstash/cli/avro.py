@@ -245,7 +245,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
     schema = parse_schema(args.schema.read_text())
     reader = parse_schema(args.reader_schema.read_text()) if args.reader_schema else None
     framing = "confluent" if args.confluent else args.framing
-    messages = read_messages(args.input, args.column)
+    with working(f"reading {args.input.name}"):
+        messages = read_messages(args.input, args.column)
     expect = schema if framing == "single-object" else None
     batches = []
     steps = range(0, len(messages), CHUNK)
@@ -267,7 +268,8 @@ def cmd_encode(args: argparse.Namespace) -> int:
     from arrowstash.avro.framing import add_header
     from arrowstash.avro.ocf import header_of, write_ocf
 
-    table = read_table(args.input)
+    with working(f"reading {args.input.name}"):
+        table = read_table(args.input)
     schema = parse_schema(args.schema.read_text()) if args.schema else from_arrow_schema(table)
     schema_out = args.schema_out
     if schema_out is None and args.schema is None and args.output.suffix != ".avro":
@@ -305,7 +307,8 @@ def cmd_cat(args: argparse.Namespace) -> int:
     from arrowstash.avro.ocf import header_of, read_ocf
 
     header = header_of(args.file)
-    table = read_ocf(args.file)
+    with working(f"reading {args.file.name} ({header.codec})"):
+        table = read_ocf(args.file)
     print(f"file     {args.file}")
     print(f"codec    {header.codec}")
     print(f"records  {table.num_rows:,}")
