@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -234,3 +237,37 @@ def test_convert_a_container_file(
     else:
         rows = pa.ipc.open_file(pa.memory_map(str(target))).read_all().to_pylist()
     assert rows == RECORDS
+
+
+def _arrowstash(*argv: Any, native: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ARROWSTASH_AVRO_NATIVE": "1" if native else "0"}
+    return subprocess.run([sys.executable, "-m", "arrowstash", *map(str, argv)], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_pure_python_codec_warns_once_per_process(tmp_path: Path, avsc: Path) -> None:
+    messages = _kcat_file(tmp_path / "in.bin", _messages())
+    for native in (True, False):
+        decoded = _arrowstash("avro", "decode", messages, "--schema", avsc, "-o",
+                              tmp_path / "out.arrow", native=native)
+        assert decoded.returncode == 0, decoded.stderr
+        warnings = [line for line in decoded.stderr.splitlines() if "WARNING" in line]
+        if native:
+            assert warnings == []
+        else:
+            assert warnings == ["arrowstash: WARNING: Avro codec: pure Python "
+                                "(ARROWSTASH_AVRO_NATIVE=0): the same results, about two "
+                                "orders of magnitude slower than the native one"]
+    # one process encoding, then decoding in several steps: still one warning, on the library's
+    # own logger (no handler set: Python prints it to stderr all the same)
+    code = ("import pyarrow as pa; from arrowstash.avro import encode, decode; "
+            "from arrowstash.avro import from_arrow_schema; "
+            "t = pa.table({'a': range(10)}); s = from_arrow_schema(t); m = encode(t, s); "
+            "[decode(m, s) for _ in range(3)]")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "ARROWSTASH_AVRO_NATIVE": "0"}, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.count("Avro codec: pure Python") == 1
+    version = _arrowstash("--version", native=False)  # names the codec, warns about nothing
+    assert "Avro codec: pure Python (ARROWSTASH_AVRO_NATIVE=0)" in version.stdout
+    assert version.stderr == ""

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -148,7 +150,7 @@ def test_info_summarises(folder: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "avro codec   native" in out
 
 
-@pytest.mark.parametrize("command", [["ls"], ["info"], ["purge", "--all"]])
+@pytest.mark.parametrize("command", [["ls"], ["info"], ["purge", "--all"], ["verify"]])
 def test_a_missing_folder_is_refused_and_not_created(
     command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch
@@ -175,6 +177,8 @@ def test_purge_expired(folder: Path, capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_purge_namespace(folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "purge", str(folder), "--namespace", "")  # names none
+    assert (code, out.strip()) == (0, "removed 0 entries")  # not the expired ones
     code, out, _ = _run(capsys, "purge", f"file://{folder}", "--namespace", "alpha")
     assert (code, out.strip()) == (0, f"removed {ALPHA} entries")
     code, out, _ = _run(capsys, "purge", f"file://{folder}", "--namespace", "beta")
@@ -225,26 +229,51 @@ def test_human_age(s: float, text: str) -> None:
     assert human_age(s) == text
 
 
+def test_the_demo_names_a_command_that_runs_from_any_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from arrowstash.cli.demo import _command
+
+    spec = importlib.util.find_spec("arrowstash.__main__")  # found, not run
+    assert spec is not None and spec.origin is not None
+    main_module = spec.origin
+    script = Path(sys.executable).parent / "arrowstash"  # as scripts/demo.sh runs it
+    monkeypatch.setattr(sys, "argv", [str(script)])
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert _command() == str(script)
+    monkeypatch.setenv("PATH", str(script.parent))  # an activated venv
+    assert _command() == "arrowstash"
+    monkeypatch.setattr(sys, "argv", [main_module])  # python -m arrowstash
+    assert _command() == f"{sys.executable} -m arrowstash"
+    for argv in ([str(script)], [main_module]):
+        monkeypatch.setattr(sys, "argv", argv)
+        ran = subprocess.run([*shlex.split(_command()), "--version"], cwd=tmp_path,
+                             capture_output=True, text=True, check=True)
+        assert ran.stdout.startswith("arrowstash ")
+
+
 @pytest.mark.slow
 def test_demo_keeps_its_folder_and_a_second_run_hits_disk(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     folder, chart = tmp_path / "demo", tmp_path / "demo.png"
 
-    def demo(*extra: str) -> list[str]:
+    def demo(*extra: str) -> tuple[list[list[str]], str]:
         result = subprocess.run(
             [sys.executable, "-m", "arrowstash", "demo", "--dir", str(folder), *extra],
             capture_output=True, text=True, timeout=180, env=dict(os.environ),
         )
         assert result.returncode == 0, result.stdout + result.stderr
         assert f"arrowstash ls {folder}" in result.stdout and "compression none" in result.stdout
-        return [line.split() for line in result.stdout.splitlines()]
+        jobs = [line.split() for line in result.stdout.splitlines()]
+        return [line for line in jobs if line[-1:] == ["True"]], result.stdout
 
-    first = demo("--plot", str(chart))
-    jobs = [line for line in first if line[-1:] == ["True"]]
-    assert len(jobs) == 3 and all("miss" in line for line in jobs)
+    first, out = demo("--plot", str(chart))
+    assert len(first) == 3 and all("miss" in line for line in first)
+    assert "run it again: the first calls are hits from disk" in out
     assert chart.read_bytes().startswith(b"\x89PNG")
-    again = [line for line in demo() if line[-1:] == ["True"]]  # a new process, the same folder
+    again, out = demo()  # a new process, the same folder
     assert len(again) == 3 and all("(disk)" in line for line in again)
+    assert "run it again" not in out  # it was run again
     assert len(list(FileBackend(folder).entries("demo"))) == 3
 
 
@@ -328,6 +357,16 @@ def test_bench_prints_what_it_measured(tmp_path: Path, capsys: pytest.CaptureFix
     assert list(tmp_path.iterdir()) == []  # the folder it created is gone too
 
 
+def test_bench_draws_what_it_measured(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    chart = tmp_path / "bench.png"
+    code, out, _ = _run(capsys, "bench", str(tmp_path / "cache"), "--value", "small",
+                        "--repeats", "1", "--plot", str(chart))
+    assert code == 0 and f"chart: {chart}" in out
+    assert chart.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert list(tmp_path.iterdir()) == [chart]
+
+
 def test_bench_refuses_bad_sizes(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = _run(capsys, "bench", "memory://", "--repeats", "0")
     assert code == 2 and "--repeats, --rows and --mib must be positive" in err
@@ -353,6 +392,9 @@ def test_a_missing_library_is_one_line_naming_the_extra(
                         "--repeats", "1")
     assert code == 0 and "skipped array: needs numpy (pip install 'arrowstash[numpy]')" in out
     monkeypatch.setitem(sys.modules, "matplotlib", None)
+    code, out, err = _run(capsys, "bench", str(tmp_path / "b"), "--plot", str(tmp_path / "b.png"))
+    assert (code, out) == (2, "") and not (tmp_path / "b").exists()  # refused before the work
+    assert err == "arrowstash: bench needs matplotlib (pip install 'arrowstash[plot]')\n"
     from arrowstash.cli import demo
 
     monkeypatch.setattr(demo, "_jobs", demo._fallback_jobs)  # the quick job

@@ -15,12 +15,17 @@ COMMANDS = [[], ["demo"], ["bench"], ["info"], ["ls"], ["purge"], ["avro"], ["av
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "top")
-def test_help_is_plain_text(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_help_is_plain_text(command: list[str], capsys: pytest.CaptureFixture[str],
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
     with pytest.raises(SystemExit) as exit_:
         main([*command, "--help"])
     out = capsys.readouterr().out
     assert exit_.value.code == 0 and out.startswith("usage: arrowstash")
     assert "``" not in out and "%%" not in out and ":class:" not in out
+    described = out.split("\n\n")[1]  # after the usage, what the command does
+    assert not described.startswith(("positional", "options")), out
+    assert max(len(line) for line in out.splitlines()) <= 80, out  # wrapped to the terminal
 
 
 def test_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 import itertools
+import logging
 from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -25,7 +26,9 @@ from arrowstash.avro.schema import Schema, SchemaLike, parse_schema
 from arrowstash.avro.threads import thread_count
 from arrowstash.errors import AvroDecodeError
 
-__all__ = ["decode", "decode_blocks", "implementation", "native_available"]
+__all__ = ["decode", "decode_blocks", "implementation", "native_available", "warn_pure_python"]
+
+logger = logging.getLogger("arrowstash.avro")
 
 _cdecode: Any
 try:  # the compiled decoder; absent where the package was installed without a compiler
@@ -48,15 +51,24 @@ def native_available() -> bool:
     """Whether the C decoder is built and not disabled by ``ARROWSTASH_AVRO_NATIVE=0``; where
     it is, it takes the current limit of items that take no bytes."""
     if _cdecode is None or not config.avro_native():
+        warn_pure_python()
         return False
     _cdecode.set_free_items(config.avro_max_empty_items())
     return True
 
 
+@functools.cache
+def warn_pure_python() -> None:
+    """Log once per process that the Avro codec runs its pure-Python twin, and why: the same
+    results, but a slowdown nobody should have to discover by timing."""
+    logger.warning("Avro codec: %s: the same results, about two orders of magnitude slower "
+                   "than the native one", implementation())
+
+
 def implementation() -> str:
     """The decoder in use, for people: "native", or "pure Python" with the reason (about two
     orders of magnitude slower, same results)."""
-    if native_available():
+    if _cdecode is not None and config.avro_native():
         return "native"
     if _cdecode is None:
         return "pure Python (the native core was not built: no C compiler at install)"

@@ -11,6 +11,7 @@ import pyarrow as pa
 
 import arrowstash.avro._python.encoder as _encode
 from arrowstash import config
+from arrowstash.avro.decoder import warn_pure_python
 from arrowstash.avro.encode_nodes import K_RECORD, Node, PlanError
 from arrowstash.avro.encode_plan import Plan, compile_plan, same_layout
 from arrowstash.avro.schema import Schema, SchemaLike, parse_schema
@@ -117,7 +118,8 @@ def _normalized(plan: Plan, batches: Sequence[Any]) -> list[Any]:
 
 def _native() -> Any:
     """The native encoder, or None when it is not built or ``ARROWSTASH_AVRO_NATIVE=0``."""
-    if not config.avro_native():
+    if _cencode is None or not config.avro_native():
+        warn_pure_python()
         return None
     return _cencode
 

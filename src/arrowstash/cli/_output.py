@@ -3,10 +3,12 @@ prints), JSON for scripts, sizes, ages and counts in words."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from collections.abc import Iterable, Iterator, Sequence, Sized
-from typing import Any, TypeVar
+from contextlib import AbstractContextManager
+from typing import IO, Any, BinaryIO, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -103,17 +105,47 @@ def emit_json(value: Any) -> None:
     sys.stdout.write("\n")
 
 
+def _bar(label: str, total: float | None) -> Any:
+    """A transient rich progress display on stderr with one task: what, a bar (pulsing when the
+    total is unknown), how many of how many, the time so far."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=console(stderr=True), transient=True)
+    bar.add_task(label, total=total)
+    return bar
+
+
 def progress(items: Iterable[T], label: str, total: int | None = None) -> Iterator[T]:
     """A progress bar on stderr as the items go by, when stderr is a terminal."""
     if not sys.stderr.isatty():
         yield from items
         return
-    from rich.progress import Progress
-
     if total is None and isinstance(items, Sized):
         total = len(items)
-    with Progress(console=console(stderr=True), transient=True) as bar:
-        task = bar.add_task(label, total=total)
+    with _bar(label, total) as bar:
         for item in items:
             yield item
-            bar.advance(task)
+            bar.advance(bar.task_ids[0])
+
+
+@contextlib.contextmanager
+def working(label: str) -> Iterator[None]:
+    """A pulsing bar with the time so far while one long step runs (a whole file read, a
+    namespace cleared), when stderr is a terminal."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    with _bar(label, None):
+        yield
+
+
+def reading(stream: IO[bytes], size: int, label: str) -> AbstractContextManager[IO[bytes]]:
+    """``stream``, read with a progress bar over its ``size`` bytes when stderr is a terminal
+    (for a reader that pulls the bytes itself, such as a CSV parser)."""
+    if not sys.stderr.isatty():
+        return contextlib.nullcontext(stream)
+    from rich.progress import wrap_file
+
+    return wrap_file(cast(BinaryIO, stream), size, description=label, console=console(stderr=True),
+                     transient=True)

@@ -11,21 +11,36 @@ File. pyarrow is imported only when one of these commands runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import struct
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
+
+from arrowstash.cli._output import progress, working
 
 CHUNK = 100_000  # messages decoded or encoded per step (progress is reported per step)
+PARQUET_ROW_GROUP = 1 << 20  # rows per Parquet row group: pyarrow's default, one step each
 TABLE_SUFFIXES = (".parquet", ".arrow", ".feather", ".ipc", ".csv")
+FRAMINGS = ("confluent", "apicurio", "single-object")  # the wire headers --framing knows
 OCF_MAGIC = b"Obj\x01"  # the first bytes of every Object Container File
 
 
 def register(sub: Any) -> None:
     """Add the ``avro`` command and its subcommands to the main parser's subparsers."""
-    avro = sub.add_parser("avro", help="decode, encode and show Avro messages and files")
+    avro = sub.add_parser(
+        "avro", help="decode, encode and show Avro messages and files",
+        description="Avro from the command line: message files (each message after its 4-byte "
+                    "big-endian length, as kcat -f '%R%s' writes) and Object Container Files, "
+                    "to and from Parquet, Arrow, CSV and JSON lines.")
     commands = avro.add_subparsers(dest="avro_command", required=True)
+    _add_decode(commands)
+    _add_encode(commands)
+    _add_convert_and_cat(commands)
 
+
+def _add_decode(commands: Any) -> None:
     decode = commands.add_parser(
         "decode", help="Avro messages -> a table (Parquet, Arrow or CSV)",
         description="Decode a file of length-prefixed messages (kcat -f '%R%s'), or a "
@@ -40,12 +55,14 @@ def register(sub: Any) -> None:
     framed = decode.add_mutually_exclusive_group()
     framed.add_argument("--confluent", action="store_true",
                         help="messages carry the Confluent header (0x00 + 4-byte schema id)")
-    framed.add_argument("--framing", choices=("confluent", "apicurio", "single-object"),
-                        help="strip and check this wire header")
+    framed.add_argument("--framing", choices=FRAMINGS, metavar="FRAMING",
+                        help="strip and check this wire header: " + ", ".join(FRAMINGS))
     decode.add_argument("--column", default="value", help="binary column of a table input")
     decode.add_argument("--threads", type=int, help="decoding threads (default: all cores)")
     decode.set_defaults(run=cmd_decode)
 
+
+def _add_encode(commands: Any) -> None:
     encode = commands.add_parser(
         "encode", help="a table -> Avro messages or an Object Container File",
         description="Encode a Parquet, Arrow or CSV table as length-prefixed Avro messages, "
@@ -55,8 +72,8 @@ def register(sub: Any) -> None:
                         help=".avro for a container file, anything else for messages")
     encode.add_argument("--schema", type=Path,
                         help="writer schema (.avsc; default: derived from the table)")
-    encode.add_argument("--framing", choices=("confluent", "apicurio", "single-object"),
-                        help="prefix every message with this wire header")
+    encode.add_argument("--framing", choices=FRAMINGS, metavar="FRAMING",
+                        help="prefix every message with this wire header: " + ", ".join(FRAMINGS))
     encode.add_argument("--schema-id", type=int,
                         help="the registry id for --framing confluent/apicurio")
     encode.add_argument("--codec", default="zstd",
@@ -66,6 +83,8 @@ def register(sub: Any) -> None:
                              "as OUTPUT.avsc, when the schema was derived)")
     encode.set_defaults(run=cmd_encode)
 
+
+def _add_convert_and_cat(commands: Any) -> None:
     convert = commands.add_parser(
         "convert", help="an Object Container File -> Parquet, Arrow, CSV or JSON lines",
         description="Read an Avro Object Container File into a table and write it as Parquet, "
@@ -75,10 +94,12 @@ def register(sub: Any) -> None:
                          help="output: .parquet, .arrow/.feather/.ipc, .csv or .jsonl")
     convert.set_defaults(run=cmd_convert)
 
-    cat = commands.add_parser("cat", help="show an Object Container File's header and first "
-                                          "rows")
-    cat.add_argument("file", type=Path)
-    cat.add_argument("-n", "--rows", type=int, default=10, help="rows to show (default 10)")
+    cat = commands.add_parser(
+        "cat", help="show an Object Container File's header and first rows",
+        description="Show an Object Container File's codec, record count, schema and user "
+                    "metadata, then its first rows as a table.")
+    cat.add_argument("file", type=Path, help="Object Container File (.avro)")
+    cat.add_argument("-n", "--rows", type=int, default=10, help="rows to show")
     cat.set_defaults(run=cmd_cat)
 
 
@@ -161,41 +182,55 @@ def read_table(path: Path) -> Any:
 
 
 def write_table(path: Path, table: Any) -> None:
+    """Write ``table`` in the format ``path``'s extension names, a slice at a time (a progress
+    bar on a terminal: writing a large table is most of a conversion's time)."""
     import pyarrow as pa
 
+    step = PARQUET_ROW_GROUP if path.suffix == ".parquet" else CHUNK
+    starts = range(0, max(table.num_rows, 1), step)  # an empty table is one (empty) slice
     try:
-        if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            pq.write_table(table, path)
-        elif path.suffix == ".csv":
-            import pyarrow.csv
-
-            pyarrow.csv.write_csv(table, path)
-        elif path.suffix in (".arrow", ".feather", ".ipc"):
-            with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
-                w.write_table(table)
-        elif path.suffix in (".jsonl", ".ndjson"):
-            _write_json_lines(path, table)
-        else:
-            raise ValueError(f"{path}: unknown output format; use .parquet, .arrow, .csv or "
-                             ".jsonl")
+        with _writer(path, table.schema) as write:
+            for start in progress(starts, f"writing {table.num_rows:,} rows to {path.name}"):
+                write(table.slice(start, step))
     except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid) as exc:
         path.unlink(missing_ok=True)
         raise ValueError(f"cannot write these columns to {path.suffix}: {exc} "
                          "(nested columns and unions need .arrow)") from exc
 
 
-def _write_json_lines(path: Path, table: Any) -> None:
+@contextlib.contextmanager
+def _writer(path: Path, schema: Any) -> Iterator[Callable[[Any], None]]:
+    """A function writing one slice of a table after another to ``path``."""
+    import pyarrow as pa
+
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        with pq.ParquetWriter(path, schema) as parquet:
+            yield parquet.write_table
+    elif path.suffix == ".csv":
+        import pyarrow.csv
+
+        with pyarrow.csv.CSVWriter(path, schema) as csv:
+            yield csv.write_table
+    elif path.suffix in (".arrow", ".feather", ".ipc"):
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema) as ipc:
+            yield ipc.write_table
+    elif path.suffix in (".jsonl", ".ndjson"):
+        with open(path, "w", encoding="utf-8") as out:
+            yield lambda piece: _write_json_lines(out, piece)
+    else:
+        raise ValueError(f"{path}: unknown output format; use .parquet, .arrow, .csv or .jsonl")
+
+
+def _write_json_lines(out: TextIO, table: Any) -> None:
     """One JSON object per row; bytes as latin-1 text (Avro's JSON encoding), dates and
     decimals as their text."""
     def plain(value: Any) -> Any:
         return value.decode("latin-1") if isinstance(value, bytes) else str(value)
 
-    with open(path, "w", encoding="utf-8") as out:
-        for batch in table.to_batches(max_chunksize=CHUNK):
-            for row in batch.to_pylist():
-                out.write(json.dumps(row, default=plain, ensure_ascii=False) + "\n")
+    for row in table.to_pylist():
+        out.write(json.dumps(row, default=plain, ensure_ascii=False) + "\n")
 
 
 # -- commands ----------------------------------------------------------------------------------
@@ -206,12 +241,12 @@ def cmd_decode(args: argparse.Namespace) -> int:
     from arrowstash.avro import parse_schema
     from arrowstash.avro.decoder import decode
     from arrowstash.avro.framing import strip_header
-    from arrowstash.cli._output import progress
 
     schema = parse_schema(args.schema.read_text())
     reader = parse_schema(args.reader_schema.read_text()) if args.reader_schema else None
     framing = "confluent" if args.confluent else args.framing
-    messages = read_messages(args.input, args.column)
+    with working(f"reading {args.input.name}"):
+        messages = read_messages(args.input, args.column)
     expect = schema if framing == "single-object" else None
     batches = []
     steps = range(0, len(messages), CHUNK)
@@ -231,9 +266,10 @@ def cmd_encode(args: argparse.Namespace) -> int:
     from arrowstash.avro import from_arrow_schema, parse_schema
     from arrowstash.avro.encoder import encode
     from arrowstash.avro.framing import add_header
-    from arrowstash.avro.ocf import write_ocf
+    from arrowstash.avro.ocf import header_of, write_ocf
 
-    table = read_table(args.input)
+    with working(f"reading {args.input.name}"):
+        table = read_table(args.input)
     schema = parse_schema(args.schema.read_text()) if args.schema else from_arrow_schema(table)
     schema_out = args.schema_out
     if schema_out is None and args.schema is None and args.output.suffix != ".avro":
@@ -244,12 +280,12 @@ def cmd_encode(args: argparse.Namespace) -> int:
     if args.output.suffix == ".avro":
         if args.framing:
             raise ValueError("--framing is for message files, not .avro container files")
-        write_ocf(table, args.output, schema, args.codec)
-        print(f"wrote {table.num_rows:,} records to {args.output} ({args.codec})")
+        with working(f"encoding {table.num_rows:,} rows into {args.output.name}"):
+            write_ocf(table, args.output, schema, args.codec)
+        codec = header_of(args.output).codec  # the name in the file: zstd is "zstandard"
+        print(f"wrote {table.num_rows:,} records to {args.output} ({codec})")
         return 0
     import pyarrow as pa
-
-    from arrowstash.cli._output import progress
 
     steps = range(0, table.num_rows, CHUNK)
     parts = [encode(table.slice(start, CHUNK), schema)
@@ -271,7 +307,8 @@ def cmd_cat(args: argparse.Namespace) -> int:
     from arrowstash.avro.ocf import header_of, read_ocf
 
     header = header_of(args.file)
-    table = read_ocf(args.file)
+    with working(f"reading {args.file.name} ({header.codec})"):
+        table = read_ocf(args.file)
     print(f"file     {args.file}")
     print(f"codec    {header.codec}")
     print(f"records  {table.num_rows:,}")
@@ -291,7 +328,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from arrowstash.avro.ocf import header_of, read_ocf
 
     header = header_of(args.input)
-    table = read_ocf(args.input)
+    with working(f"reading {args.input.name} ({header.codec})"):
+        table = read_ocf(args.input)
     write_table(args.output, table)
     print(f"converted {table.num_rows:,} records ({header.codec}) into {args.output}")
     return 0

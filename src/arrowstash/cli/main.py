@@ -4,6 +4,7 @@ encode or convert Avro."""
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -17,7 +18,7 @@ from arrowstash.errors import ArrowstashError
 __all__ = ["human_age", "human_size", "main", "parser", "version"]
 
 
-class _Help(argparse.RawDescriptionHelpFormatter):
+class _Help(argparse.HelpFormatter):
     """Shows an option's default where it has one worth showing."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
@@ -45,6 +46,17 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+class _Stderr(logging.Handler):
+    """Log lines to ``sys.stderr`` as it is when they come: a progress bar replaces it to print
+    them above itself (a handler holding the original stream would write into the bar)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(self.format(record), file=sys.stderr)
+        except Exception:  # logging's own convention: a failing handler reports, never raises
+            self.handleError(record)
+
+
 def version() -> str:
     """``arrowstash VERSION``, with the Avro codec in use."""
     from importlib.metadata import PackageNotFoundError
@@ -70,7 +82,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.repeats < 1 or args.rows < 1 or args.mib < 1:
         raise ValueError("--repeats, --rows and --mib must be positive")
     return run(args.url, args.value or list(VALUES), args.rows, args.mib, args.repeats,
-               args.json)
+               args.json, args.plot)
 
 
 def _add_demo_and_bench(sub: Any) -> None:
@@ -95,6 +107,8 @@ def _add_demo_and_bench(sub: Any) -> None:
     bench.add_argument("--mib", type=int, default=256, help="size of the float64 array, MiB")
     bench.add_argument("--repeats", type=int, default=5, help="stores per value (3 hits each)")
     bench.add_argument("--json", action="store_true", help="print JSON for scripts")
+    bench.add_argument("--plot", metavar="FILE.png", help="draw store and hit times per value "
+                                                          "(extra: plot)")
     bench.set_defaults(run=cmd_bench)
 
 
@@ -112,6 +126,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    # the library's warnings (a pure-Python Avro codec, an unreachable store) as one line each
+    logging.basicConfig(format="arrowstash: %(levelname)s: %(message)s", level=logging.WARNING,
+                        handlers=[_Stderr()])
     try:
         return int(args.run(args))
     except store.MissingCache as exc:

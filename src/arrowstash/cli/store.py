@@ -17,6 +17,7 @@ from arrowstash.cli._output import (
     progress,
     say,
     table,
+    working,
 )
 from arrowstash.entry.listing import EntryInfo
 
@@ -155,13 +156,14 @@ def cmd_purge(args: argparse.Namespace) -> int:
     from arrowstash.entry.format import Key
 
     backend = existing_backend(args.url)
-    if args.all:
-        removed = backend.clear()
-    elif args.namespace:
-        removed = backend.clear(args.namespace)
+    if args.all or args.namespace is not None:  # "" is a namespace too
+        which = "every entry" if args.all else f"namespace {args.namespace}"
+        with working(f"deleting {which}"):
+            removed = backend.clear(args.namespace)
     else:
         now = time.time()
-        expired = [e for e in backend.entries() if 0 < e.expires <= now]
+        expired = [e for e in progress(backend.entries(), "reading entries")
+                   if 0 < e.expires <= now]
         removed = sum(
             backend.delete(Key(e.namespace, e.function, bytes.fromhex(e.key)))
             for e in progress(expired, "deleting expired entries")
