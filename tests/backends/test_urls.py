@@ -43,6 +43,21 @@ def test_a_lost_colon_is_named_with_the_fix(cwd: Path) -> None:
     assert list(cwd.iterdir()) == []
 
 
+def test_file_backend_refuses_a_known_scheme_without_its_colon(cwd: Path) -> None:
+    with pytest.raises(ValueError, match=r"looks like a redis:// URL without its colon"):
+        FileBackend("redis//localhost")
+    assert FileBackend("./redis//localhost").directory == cwd / "redis" / "localhost"
+    assert [p.name for p in cwd.iterdir()] == ["redis"]  # only the folder asked for
+
+
+@pytest.mark.parametrize("url", ["redis:/h", "memcached:h:11211", "s3:/bucket", "memory:"])
+def test_a_known_scheme_without_its_slashes_is_named(cwd: Path, url: str) -> None:
+    scheme = url.split(":")[0]
+    with pytest.raises(ValueError, match=f"write {scheme}:// followed by the address"):
+        from_url(url)
+    assert list(cwd.iterdir()) == []
+
+
 def test_a_mistyped_scheme_suggests_the_known_ones(cwd: Path) -> None:
     with pytest.raises(ValueError) as exc:
         from_url("reddis://localhost:6379")

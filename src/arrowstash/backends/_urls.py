@@ -133,6 +133,27 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
 _NO_COLON = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)//")
 
 
+#: URL scheme -> (module, class, extra to install) of the network and object-store backends:
+#: imported when a URL first uses the scheme, so that ``import arrowstash`` loads no client.
+SCHEMES: dict[str, tuple[str, str, str]] = {
+    "redis": ("arrowstash.backends.redis", "RedisBackend", "redis"),
+    "rediss": ("arrowstash.backends.redis", "RedisBackend", "redis"),
+    "unix": ("arrowstash.backends.redis", "RedisBackend", "redis"),
+    "redis+cluster": ("arrowstash.backends.redis", "RedisBackend", "redis"),
+    "memcached": ("arrowstash.backends.memcached", "MemcachedBackend", "memcached"),
+    "s3": ("arrowstash.backends.object_store", "ObjectStoreBackend", "s3"),
+    "gs": ("arrowstash.backends.object_store", "ObjectStoreBackend", "s3"),
+    "az": ("arrowstash.backends.object_store", "ObjectStoreBackend", "s3"),
+    "objstore+memory": ("arrowstash.backends.object_store", "ObjectStoreBackend", "s3"),
+    "objstore+file": ("arrowstash.backends.object_store", "ObjectStoreBackend", "s3"),
+}
+
+
+def known_schemes() -> list[str]:
+    """Every scheme ``from_url`` accepts."""
+    return ["file", "memory", *SCHEMES]
+
+
 def scheme_of(text: str) -> str:
     """The lower-case scheme of ``text``, or "" for a path (Windows drives included)."""
     match = _SCHEME.match(text)
@@ -149,8 +170,12 @@ def local_path(text: str) -> str:
     """The folder a FileBackend string names: a path, or a ``file://`` URL's path.
 
     A string with any other scheme is refused: ``FileBackend("redis://h:6379")`` is a mistake,
-    not a folder named ``redis:``."""
+    not a folder named ``redis:``; so is ``redis//h`` (a URL that lost its colon)."""
     scheme = scheme_of(text)
+    lost = "" if scheme else colonless_scheme(text)
+    if lost in known_schemes():  # ``redis//host`` would become the folders ./redis/host
+        raise ValueError(f"FileBackend: {redact(text)!r} looks like a {lost}:// URL without its "
+                         f"colon; write ./{redact(text)} if a folder is meant")
     if not scheme:
         return text
     if scheme != "file":

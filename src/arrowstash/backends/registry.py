@@ -9,36 +9,22 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from arrowstash import config
-from arrowstash.backends._urls import colonless_scheme, local_path, redact, scheme_of
+from arrowstash.backends._urls import (
+    SCHEMES,
+    colonless_scheme,
+    known_schemes,
+    local_path,
+    redact,
+    scheme_of,
+)
 from arrowstash.backends.base import Backend
 from arrowstash.errors import BackendError
-
-#: URL scheme -> (module, class, extra to install): imported when a URL first uses the scheme,
-#: so that ``import arrowstash`` loads no client library.
-SCHEMES: dict[str, tuple[str, str, str]] = {
-    "redis": ("arrowstash.backends.redis", "RedisBackend", "redis"),
-    "rediss": ("arrowstash.backends.redis", "RedisBackend", "redis"),
-    "unix": ("arrowstash.backends.redis", "RedisBackend", "redis"),
-    "redis+cluster": ("arrowstash.backends.redis", "RedisBackend", "redis"),
-    "memcached": ("arrowstash.backends.memcached", "MemcachedBackend", "memcached"),
-    "s3": ("arrowstash.backends.object_store", "ObjectStoreBackend", "s3"),
-    "gs": ("arrowstash.backends.object_store", "ObjectStoreBackend", "s3"),
-    "az": ("arrowstash.backends.object_store", "ObjectStoreBackend", "s3"),
-    "objstore+memory": ("arrowstash.backends.object_store", "ObjectStoreBackend", "s3"),
-    "objstore+file": ("arrowstash.backends.object_store", "ObjectStoreBackend", "s3"),
-}
-
 
 def backend_class(scheme: str) -> type:
     """The class serving ``scheme`` (a key of SCHEMES), imported now."""
     module, name, _extra = SCHEMES[scheme]
     cls: type = getattr(importlib.import_module(module), name)
     return cls
-
-
-def known_schemes() -> list[str]:
-    """Every scheme ``from_url`` accepts."""
-    return ["file", "memory", *SCHEMES]
 
 
 def from_url(url: str) -> Backend:
@@ -76,6 +62,9 @@ def _checked_scheme(url: str) -> str:
         fixed = f"{lost}://{url[len(lost) + 2:]}"
         raise ValueError(f"backend URL lacks the colon after {lost!r}: "
                          f"did you mean {redact(fixed)!r}?")
+    if scheme in known and scheme != "file" and not url[len(scheme):].startswith("://"):
+        raise ValueError(f"backend URL {redact(url)!r}: write {scheme}:// followed by "
+                         "the address")
     if not scheme or scheme in known:
         return scheme
     close = difflib.get_close_matches(scheme, known, n=1, cutoff=0.6)
