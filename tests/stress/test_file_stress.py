@@ -316,6 +316,10 @@ def _vandalise(folder: Path, stop: threading.Event, kinds: list[str],
     while not stop.is_set():
         paths = [p for p in folder.rglob("*.ast") if TEMP_FOLDER not in p.parts]
         for path in rng.sample(paths, min(3, len(paths))):
+            if path.is_dir() and not path.is_symlink():  # a planted folder: callers cannot
+                with contextlib.suppress(OSError):     # replace it, so it goes in a while
+                    path.rmdir()
+                continue
             kind = rng.choice(kinds)
             key = Key("default", f"{cached.__module__}.cached.<locals>.compute",
                       bytes.fromhex(path.name.removesuffix(".ast")))
