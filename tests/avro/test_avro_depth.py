@@ -112,6 +112,7 @@ def test_values_at_the_limit_round_trip_from_a_deep_stack(codec: str, tmp_path: 
     """Every walker of a schema (Arrow mapping, canonical form, encoder, decoders, container
     files) handles the deepest schema allowed with 300 frames already on the stack."""
     schema_json = json.dumps(_arrays(MAX_DEPTH))
+
     def chain(leaf: int) -> Any:  # MAX_DEPTH - 2 lists, one inside the other
         value: Any = leaf
         for _ in range(MAX_DEPTH - 2):
