@@ -15,8 +15,8 @@ import pytest
 
 from arrowstash import FileBackend, StandardSerializer
 from arrowstash.backends._file_io import NOT_AN_ENTRY, TEMP_FOLDER
-from arrowstash.entry.format import EntryWriter, Key
-from arrowstash.errors import BackendError
+from arrowstash.entry.format import EntryWriter, Key, parse_entry
+from arrowstash.errors import BackendError, CorruptEntryError
 
 
 def _key(i: int) -> Key:
@@ -146,3 +146,20 @@ def test_clear_and_delete_never_wait_for_a_held_ledger(tmp_path: Path) -> None:
         assert backend.delete(_key(1))
         backend.clear()
         assert time.monotonic() - started < 0.5
+
+
+@pytest.mark.parametrize("size", [1 << 40, 3 << 20, 100], ids=["sparse-TiB", "padded", "cut"])
+def test_a_file_not_of_its_declared_size_is_never_mapped(tmp_path: Path, size: int) -> None:
+    """An entry extended (a sparse terabyte: mapping it fails or reserves a terabyte) or cut
+    short is a miss that parsing reports, never a map of the file nor a backend error."""
+    backend = FileBackend(tmp_path / "cache")
+    _put(backend, _key(1), b"x" * 2_000_000)  # a mapped entry
+    path = Path(backend.path(_key(1)))
+    temp = path.with_name("planted")
+    temp.write_bytes(path.read_bytes())
+    os.truncate(temp, size)
+    os.replace(temp, path)
+    stored = backend.get(_key(1))
+    assert stored is not None and not stored.mapped and stored.data.nbytes <= 4096
+    with pytest.raises(CorruptEntryError, match="truncated or padded"):
+        parse_entry(stored.data)

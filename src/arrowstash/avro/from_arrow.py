@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.types as pt
 
+from arrowstash.avro.schema import MAX_DEPTH
 from arrowstash.errors import AvroSchemaError
 
 __all__ = ["from_arrow_schema"]
@@ -62,6 +63,7 @@ class _Mapper:
         self.table = table
         self.namespace = namespace
         self.names: set[str] = set()
+        self.depth = 0
 
     def unique(self, base: str) -> str:
         """A record/enum/fixed name not used yet (Avro names must be unique in a schema)."""
@@ -91,7 +93,14 @@ class _Mapper:
         if found is None:
             found = self.logical(t, where, hint)
         if found is None:
-            found = self.nested(t, where, top_index, hint)
+            # Each Arrow level is at least one Avro level: stop before recursing past the limit.
+            if self.depth >= MAX_DEPTH:
+                raise AvroSchemaError(f"{where}: types nest deeper than {MAX_DEPTH} levels")
+            self.depth += 1
+            try:
+                found = self.nested(t, where, top_index, hint)
+            finally:
+                self.depth -= 1
         return found
 
     def logical(self, t: pa.DataType, where: str, hint: str | None) -> Any:

@@ -32,6 +32,7 @@ from arrowstash.avro.types import (
 from arrowstash.errors import AvroSchemaError
 
 __all__ = [
+    "MAX_DEPTH",
     "PRIMITIVES",
     "Array",
     "AvroType",
@@ -57,6 +58,14 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # A namespace's parts may also hold "$": Java's Avro names the namespace of an inner class's
 # schema after the outer class ("com.example.Outer$"), beyond the specification's grammar.
 _NAMESPACE_PART = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*\Z")
+#: How deep types may nest in a schema (each array, map, union, record field or type wrapper is a
+#: level; a reference to a named type is not). Every walker of a schema (Arrow mapping, canonical
+#: form, resolution, the encoder and the pure-Python decoder) recurses once or twice per level, so
+#: this keeps them far inside Python's recursion limit even when called from a deep stack; Arrow's
+#: own IPC reader refuses types nested past 64 levels.
+MAX_DEPTH = 128
+
+
 class Schema:
     """An immutable parsed Avro schema: parse once, reuse for every decode and encode.
 
@@ -144,6 +153,9 @@ def parse_schema(schema: SchemaLike) -> Schema:
         text = schema.decode() if isinstance(schema, bytes) else schema
         try:
             obj = json.loads(text)
+        except RecursionError:  # JSON nested past the interpreter's limit, so past ours as well
+            raise AvroSchemaError(
+                f"invalid Avro schema: types nest deeper than {MAX_DEPTH} levels") from None
         except json.JSONDecodeError as exc:
             if text.strip() in PRIMITIVES:  # a bare name such as int
                 obj = text.strip()
@@ -228,11 +240,21 @@ _LOGICAL_ON = {
 class _Parser:
     def __init__(self, names: dict[str, NamedType]) -> None:
         self.names = names
+        self.depth = 0
 
     def fail(self, path: str, message: str) -> AvroSchemaError:
         return AvroSchemaError(f"invalid Avro schema at {path}: {message}")
 
     def parse(self, obj: Any, namespace: str, path: str) -> AvroType:
+        if self.depth >= MAX_DEPTH:  # also ends a dict that contains itself
+            raise self.fail(path, f"types nest deeper than {MAX_DEPTH} levels")
+        self.depth += 1
+        try:
+            return self.parse_type(obj, namespace, path)
+        finally:
+            self.depth -= 1
+
+    def parse_type(self, obj: Any, namespace: str, path: str) -> AvroType:
         if isinstance(obj, str):
             return self.reference(obj, namespace, path)
         if isinstance(obj, list):

@@ -15,7 +15,7 @@ import xxhash
 
 from arrowstash.backends._mmap import map_private
 from arrowstash.backends.base import Stored
-from arrowstash.entry.format import ALIGN, EntryWriter
+from arrowstash.entry.format import ALIGN, HEADER, EntryWriter
 
 #: Folder (under the cache root) of the temporary files writers stream entries into.
 TEMP_FOLDER = ".writing"
@@ -40,6 +40,10 @@ def read_large(fd: int, first: bytearray, mmap_threshold: int) -> Stored:
     if not stat.S_ISREG(st.st_mode):
         return NOT_AN_ENTRY
     size = st.st_size
+    if HEADER.unpack_from(first)[4] != size:
+        # Not the size its header declares: damaged, or a sparse file of a terabyte that must
+        # not be mapped or read. Parsing the bytes read so far reports it (truncated or padded).
+        return Stored(memoryview(first), False, None)
     if size >= mmap_threshold:
         return Stored(map_private(fd, size), mapped=True)
     data = bytearray(size)
