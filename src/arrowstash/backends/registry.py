@@ -20,6 +20,7 @@ from arrowstash.backends._urls import (
 from arrowstash.backends.base import Backend
 from arrowstash.errors import BackendError
 
+
 def backend_class(scheme: str) -> type:
     """The class serving ``scheme`` (a key of SCHEMES), imported now."""
     module, name, _extra = SCHEMES[scheme]
