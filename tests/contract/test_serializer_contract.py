@@ -138,3 +138,13 @@ def test_a_damaged_pickle_asking_for_huge_memory_is_our_error() -> None:
     stream[198] ^= 1
     with contextlib.suppress(ArrowstashError):
         serializer.decode(encoded.meta, [memoryview(stream)])
+
+
+@pytest.mark.parametrize("payload", [b"\xd4\x06\x00",  # a date of one byte
+                                     b"\xc7\x01\x0c\xff",  # a complex of one byte
+                                     b"\xd4\x08\x00"])  # a timedelta of one byte
+def test_a_damaged_standard_extension_is_our_error(payload: bytes) -> None:
+    """Found by the damaged-sections property test: an extension whose bytes are too short for
+    its type (a date, a complex) raised struct.error past the pipeline."""
+    with pytest.raises(ArrowstashError):
+        _make("standard").decode(None, [memoryview(payload)])

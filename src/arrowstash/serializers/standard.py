@@ -84,7 +84,10 @@ def unpacker(extension: ExtensionDecoder | None = None) -> Callable[[Any], Any]:
 
     def hook(code: int, data: bytes) -> Any:
         if code in _DECODERS:
-            return _DECODERS[code](data, unpack)
+            try:
+                return _DECODERS[code](data, unpack)
+            except (struct.error, ArithmeticError, IndexError) as exc:  # a damaged payload
+                raise ValueError(f"MessagePack extension type {code}: {exc}") from exc
         if extension is not None:
             return extension(code, data)
         raise SerializationError(f"unknown MessagePack extension type {code}")
