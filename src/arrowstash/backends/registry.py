@@ -37,8 +37,8 @@ def from_url(url: str) -> Backend:
     ``encrypt=True``), so ``ARROWSTASH_URL`` alone can switch encryption on for a deployment.
     A mistyped scheme (``reddis://``, ``redis//host``) is an error naming the known ones, never
     a folder."""
-    url, encrypt = _pop_encrypt(url)
     scheme = _checked_scheme(url)
+    url, encrypt = _pop_encrypt(url)
     if scheme in ("", "file"):
         from arrowstash.backends.file import FileBackend
 
