@@ -6,7 +6,11 @@ or chunking. A module's objects are only recognised when that module is already 
 
 from __future__ import annotations
 
+import functools
+import weakref
 from typing import Any
+
+import xxhash
 
 
 def hash_into(hasher: Any, obj: Any) -> bool:
@@ -18,7 +22,7 @@ def hash_into(hasher: Any, obj: Any) -> bool:
         _pandas(hasher, obj)
     elif module == "polars" and hasattr(obj, "to_arrow"):
         hasher.tag(b"P" + type(obj).__name__.encode())
-        _arrow(hasher, obj.to_arrow())
+        _arrow_content(hasher, obj.to_arrow())  # a new object each time: not remembered
     elif module == "pyarrow":
         _arrow(hasher, obj)
     else:
@@ -46,8 +50,10 @@ def _pandas(hasher: Any, obj: Any) -> None:
         hasher.tag(b"F", str(obj.shape).encode())
         _pandas_index(hasher, obj.columns)
         _pandas_index(hasher, obj.index)
+        # The block manager (pandas 2 and 3) hands out a column's array without building a
+        # Series, which costs 20x more: felt by a frame of thousands of columns.
         for position in range(obj.shape[1]):
-            _series_values(hasher, obj.iloc[:, position])
+            _series_values(hasher, obj._mgr.iget_values(position))
     elif isinstance(obj, pd.Series):
         hasher.tag(b"S")
         hasher.value(obj.name)
@@ -74,12 +80,13 @@ def _pandas_index(hasher: Any, index: Any) -> None:
 
 
 def _series_values(hasher: Any, values: Any) -> None:
+    """A column (a Series, an Index, or the array behind them) by its values."""
     import numpy as np
 
     dtype = values.dtype
     hasher.tag(b"t", str(dtype).encode())
     if isinstance(dtype, np.dtype) and not dtype.hasobject:
-        _numpy(hasher, values.to_numpy())
+        _numpy(hasher, np.asarray(values))
         return
     import pyarrow as pa
 
@@ -89,26 +96,55 @@ def _series_values(hasher: Any, values: Any) -> None:
         for item in values.tolist():
             hasher.value(item)
         return
-    _arrow(hasher, array)
+    _column(hasher, array)
 
 
 def _arrow(hasher: Any, obj: Any) -> None:
+    import pyarrow as pa
+
+    if isinstance(obj, pa.Scalar):
+        hasher.tag(b"c", str(obj.type).encode())
+        hasher.value(obj.as_py())
+    elif isinstance(obj, (pa.Table, pa.RecordBatch, pa.ChunkedArray, pa.Array)):
+        hasher.tag(b"r", _remembered(hasher, obj))
+    else:
+        raise TypeError(f"pyarrow {type(obj).__qualname__}")
+
+
+#: Digests of the pyarrow objects hashed so far, by id, while they live (pyarrow's tables,
+#: batches and arrays are immutable, so an object hashed once need not be hashed again).
+_DIGESTS: dict[int, tuple[weakref.ref[Any], bytes]] = {}
+
+
+def _remembered(hasher: Any, obj: Any) -> bytes:
+    key = id(obj)
+    held = _DIGESTS.get(key)
+    if held is not None and held[0]() is obj:
+        return held[1]
+    sub = type(hasher)(b"")
+    sub.where = hasher.where
+    _arrow_content(sub, obj)
+    digest: bytes = sub.h.digest()
+    _DIGESTS[key] = (weakref.ref(obj, functools.partial(_forget, key)), digest)
+    return digest
+
+
+def _forget(key: int, ref: weakref.ref[Any]) -> None:
+    held = _DIGESTS.get(key)
+    if held is not None and held[0] is ref:  # not an entry for a newer object of the same id
+        del _DIGESTS[key]
+
+
+def _arrow_content(hasher: Any, obj: Any) -> None:
     import pyarrow as pa
 
     if isinstance(obj, (pa.Table, pa.RecordBatch)):
         hasher.tag(b"R", str(obj.num_rows).encode())
         hasher.value(obj.schema.names)
         for column in obj.columns:
-            _arrow(hasher, column)
-    elif isinstance(obj, (pa.ChunkedArray, pa.Array)):
-        chunks = obj.chunks if isinstance(obj, pa.ChunkedArray) else [obj]
-        hasher.tag(b"C", f"{_type_name(obj.type)}|{len(obj)}|{obj.null_count}".encode())
-        _arrow_chunks(hasher, chunks, with_validity=obj.null_count > 0)
-    elif isinstance(obj, pa.Scalar):
-        hasher.tag(b"c", str(obj.type).encode())
-        hasher.value(obj.as_py())
+            _column(hasher, column)
     else:
-        raise TypeError(f"pyarrow {type(obj).__qualname__}")
+        _column(hasher, obj)
 
 
 def _type_name(t: Any) -> str:
@@ -125,47 +161,124 @@ def _type_name(t: Any) -> str:
     return str(t)
 
 
-def _arrow_chunks(hasher: Any, chunks: list[Any], with_validity: bool) -> None:
-    """Hash an array's chunks as one stream per kind of buffer (validity, values; lengths, then
-    bytes for strings), so that where the chunks split does not change the digest."""
+def _column(hasher: Any, obj: Any) -> None:
+    """An array's values as one stream whatever its chunking, slicing or offset width: where
+    the nulls are, then the values (a null's slot hashed as zeros)."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    if with_validity:
-        for chunk in chunks:
-            hasher.h.update(np.asarray(chunk.is_valid()).tobytes())
-    chunks = [c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c for c in chunks]
-    if not chunks:
+    chunks = obj.chunks if isinstance(obj, pa.ChunkedArray) else [obj]
+    hasher.tag(b"C", f"{_type_name(obj.type)}|{len(obj)}|{obj.null_count}".encode())
+    if pa.types.is_dictionary(obj.type):
+        chunks = [chunk.dictionary_decode() for chunk in chunks]
+    has_nulls = any(chunk.null_count for chunk in chunks)  # after decoding: dictionaries' too
+    nulls = _nulls(hasher, chunks) if has_nulls else [None] * len(chunks)
+    t = chunks[0].type if chunks else obj.type
+    if pa.types.is_null(t):
         return
-    t = chunks[0].type
     if pa.types.is_boolean(t):
         for chunk in chunks:
             hasher.h.update(np.asarray(chunk.fill_null(False)).tobytes())
     elif (pa.types.is_primitive(t) or pa.types.is_fixed_size_binary(t)) and t.bit_width % 8 == 0:
-        if pa.types.is_primitive(t):
-            zero = pa.scalar(0).cast(t)
-        else:
-            zero = pa.scalar(bytes(t.byte_width), t)
-        width = t.bit_width // 8
-        for chunk in chunks:
-            if chunk.null_count:
-                chunk = chunk.fill_null(zero)
-            data = memoryview(chunk.buffers()[1])
-            hasher.h.update(data[chunk.offset * width : (chunk.offset + len(chunk)) * width])
-    elif t in (pa.string(), pa.binary(), pa.large_string(), pa.large_binary(),
-               pa.string_view(), pa.binary_view()):
-        large = [chunk.cast(pa.large_binary()) for chunk in chunks]
-        for chunk in large:
-            lengths = np.asarray(pc.binary_length(chunk).fill_null(0)).astype("<i8")
-            hasher.h.update(lengths.tobytes())
-        for chunk in large:
-            offsets = np.frombuffer(chunk.buffers()[1], dtype="<i8")
-            offsets = offsets[chunk.offset : chunk.offset + len(chunk) + 1]
-            data = chunk.buffers()[2]
-            if data is not None and len(offsets):
-                hasher.h.update(memoryview(data)[int(offsets[0]) : int(offsets[-1])])
-    else:  # nested and other types: hash their Python values
+        for chunk, null in zip(chunks, nulls, strict=True):
+            hasher.h.update(_fixed_width(chunk, null))
+    elif _is_string(t):
+        _strings(hasher, chunks, nulls)
+    else:  # nested and other types: their Python values
         for chunk in chunks:
             for item in chunk.to_pylist():
                 hasher.value(item)
+
+
+def _nulls(hasher: Any, chunks: list[Any]) -> list[Any]:
+    """Hash where the nulls are (positions in the whole array); return each chunk's own."""
+    out: list[Any] = []
+    start = 0
+    for chunk in chunks:
+        if chunk.null_count:
+            local = _null_positions(chunk)
+            hasher.h.update((local + start).astype("<i8"))
+            out.append(local)
+        else:
+            out.append(None)
+        start += len(chunk)
+    return out
+
+
+def _null_positions(chunk: Any) -> Any:
+    """Positions of a chunk's nulls, read from its validity bitmap: only the bytes with a zero
+    bit in them are unpacked (cheap when nulls are few, as they mostly are)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    validity = chunk.buffers()[0]
+    if validity is None:  # nulls without a bitmap (unions): ask Arrow
+        return np.asarray(pc.indices_nonzero(chunk.is_null())).astype(np.int64)
+    first, stop = chunk.offset, chunk.offset + len(chunk)
+    bits = np.frombuffer(validity, np.uint8)[first // 8 : (stop + 7) // 8]
+    partial = np.flatnonzero(bits != 0xFF)
+    unset = np.unpackbits(bits[partial, None], axis=1, bitorder="little") == 0
+    positions = ((partial + first // 8) * 8)[:, None] + np.arange(8)
+    positions = positions[unset]
+    return positions[(positions >= first) & (positions < stop)] - first
+
+
+def _fixed_width(chunk: Any, null: Any) -> Any:
+    """The bytes of a chunk's values as they lie; a copy with zeros in null slots only when a
+    null slot holds something else."""
+    import numpy as np
+    import pyarrow as pa
+
+    t = chunk.type
+    width = t.bit_width // 8
+    data = np.frombuffer(chunk.buffers()[1], np.uint8)[
+        chunk.offset * width : (chunk.offset + len(chunk)) * width]
+    if null is not None and data.reshape(len(chunk), width)[null].any():
+        zero = pa.scalar(0).cast(t) if pa.types.is_primitive(t) else pa.scalar(bytes(width), t)
+        return _fixed_width(chunk.fill_null(zero), None)
+    return data
+
+
+def _strings(hasher: Any, chunks: list[Any], nulls: list[Any]) -> None:
+    """Strings and binaries from their offsets and data buffers as they lie: the lengths (one
+    subtraction over the offsets, as 64-bit numbers whatever the offsets' width) and the bytes,
+    each in a stream of its own."""
+    import numpy as np
+    import pyarrow as pa
+
+    lengths_h, data_h = xxhash.xxh3_128(), xxhash.xxh3_128()
+    lengths = np.empty(max(map(len, chunks), default=0), "<i8")
+    for chunk, null in zip(chunks, nulls, strict=True):
+        if pa.types.is_string_view(chunk.type) or pa.types.is_binary_view(chunk.type):
+            text = pa.types.is_string_view(chunk.type)
+            chunk = chunk.cast(pa.large_string() if text else pa.large_binary())
+        offsets = _offsets(chunk)
+        own = lengths[: len(chunk)]
+        np.subtract(offsets[1:], offsets[:-1], out=own)
+        if null is not None and own[null].any():  # a null slot with bytes in it
+            text = pa.types.is_string(chunk.type) or pa.types.is_large_string(chunk.type)
+            chunk = chunk.fill_null("" if text else b"")
+            offsets = _offsets(chunk)
+            np.subtract(offsets[1:], offsets[:-1], out=own)
+        lengths_h.update(own.data)
+        if len(chunk) and chunk.buffers()[2] is not None:
+            data_h.update(memoryview(chunk.buffers()[2])[int(offsets[0]) : int(offsets[-1])])
+    hasher.h.update(lengths_h.digest() + data_h.digest())
+
+
+def _offsets(chunk: Any) -> Any:
+    import numpy as np
+    import pyarrow as pa
+
+    large = pa.types.is_large_string(chunk.type) or pa.types.is_large_binary(chunk.type)
+    offsets = np.frombuffer(chunk.buffers()[1], "<i8" if large else "<i4")
+    return offsets[chunk.offset : chunk.offset + len(chunk) + 1]
+
+
+_STRING_NAMES = ("string", "binary", "large_string", "large_binary", "string_view", "binary_view")
+
+
+def _is_string(t: Any) -> bool:
+    import pyarrow as pa
+
+    return any(getattr(pa.types, f"is_{name}")(t) for name in _STRING_NAMES)
