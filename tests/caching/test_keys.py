@@ -332,3 +332,22 @@ def test_flights_equal_after_copies_and_round_trips_and_not_after_an_edit(tmp_pa
     edited = flights.copy()
     edited.loc[1000, "tailnum"] = "N0000"
     assert digest_of(edited) != digest_of(flights)
+
+
+def test_wide_frames_equal_in_any_block_layout() -> None:
+    rng = np.random.default_rng(1)
+    values = rng.random((6, 300))
+    frame = pd.DataFrame(values, columns=[f"c{i}" for i in range(300)])
+    frame.insert(150, "s", pd.array(["a", "b", "c", "d", None, "e"], dtype="str"))
+    names = list(frame.columns)
+    layouts = [frame.copy(), pd.concat([frame.iloc[:, :40], frame.iloc[:, 40:]], axis=1),
+               frame[names[::-1]][names],  # a block whose columns lie in reverse order
+               pd.DataFrame({name: frame[name] for name in names}),  # a block per column
+               pd.DataFrame(np.asfortranarray(values), columns=[f"c{i}" for i in range(300)])]
+    layouts[-1].insert(150, "s", frame["s"])
+    assert {digest_of(f) for f in layouts} == {digest_of(frame)}
+    changed = frame.copy()
+    changed.iloc[5, 299] = -1.0
+    swapped = frame[[*names[:-2], names[-1], names[-2]]]
+    swapped.columns = names
+    assert len({digest_of(frame), digest_of(changed), digest_of(swapped)}) == 3
