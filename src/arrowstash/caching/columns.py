@@ -276,37 +276,37 @@ def _fixed_width(chunk: Any, null: Any) -> Any:
 def _strings(hasher: Any, chunks: list[Any], nulls: list[Any]) -> None:
     """Strings and binaries from their offsets and data buffers as they lie: the lengths (one
     subtraction over the offsets, as 64-bit numbers whatever the offsets' width) and the bytes,
-    each in a stream of its own."""
+    each in a stream of its own. Types are looked at once, not per chunk: a column read from a
+    CSV file comes in dozens of chunks."""
     import numpy as np
     import pyarrow as pa
 
+    t = chunks[0].type
+    if pa.types.is_string_view(t) or pa.types.is_binary_view(t):
+        t = pa.large_string() if pa.types.is_string_view(t) else pa.large_binary()
+        chunks = [chunk.cast(t) for chunk in chunks]
+    width = np.dtype("<i8" if pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+                     else "<i4")
     lengths_h, data_h = xxhash.xxh3_128(), xxhash.xxh3_128()
-    lengths = np.empty(max(map(len, chunks), default=0), "<i8")
+    lengths = np.empty(max(map(len, chunks)), "<i8")
     for chunk, null in zip(chunks, nulls, strict=True):
-        if pa.types.is_string_view(chunk.type) or pa.types.is_binary_view(chunk.type):
-            text = pa.types.is_string_view(chunk.type)
-            chunk = chunk.cast(pa.large_string() if text else pa.large_binary())
-        offsets = _offsets(chunk)
-        own = lengths[: len(chunk)]
+        size = len(chunk)
+        if not size:
+            continue
+        _, offsets_buffer, data = chunk.buffers()
+        offsets = np.frombuffer(offsets_buffer, width, size + 1, chunk.offset * width.itemsize)
+        own = lengths[:size]
         np.subtract(offsets[1:], offsets[:-1], out=own)
         if null is not None and own[null].any():  # a null slot with bytes in it
-            text = pa.types.is_string(chunk.type) or pa.types.is_large_string(chunk.type)
-            chunk = chunk.fill_null("" if text else b"")
-            offsets = _offsets(chunk)
+            blank = "" if pa.types.is_string(t) or pa.types.is_large_string(t) else b""
+            chunk = chunk.fill_null(blank)
+            _, offsets_buffer, data = chunk.buffers()
+            offsets = np.frombuffer(offsets_buffer, width, size + 1, chunk.offset * width.itemsize)
             np.subtract(offsets[1:], offsets[:-1], out=own)
         lengths_h.update(own.data)
-        if len(chunk) and chunk.buffers()[2] is not None:
-            data_h.update(memoryview(chunk.buffers()[2])[int(offsets[0]) : int(offsets[-1])])
+        if data is not None:
+            data_h.update(memoryview(data)[offsets[0] : offsets[-1]])
     hasher.h.update(lengths_h.digest() + data_h.digest())
-
-
-def _offsets(chunk: Any) -> Any:
-    import numpy as np
-    import pyarrow as pa
-
-    large = pa.types.is_large_string(chunk.type) or pa.types.is_large_binary(chunk.type)
-    offsets = np.frombuffer(chunk.buffers()[1], "<i8" if large else "<i4")
-    return offsets[chunk.offset : chunk.offset + len(chunk) + 1]
 
 
 _STRING_NAMES = ("string", "binary", "large_string", "large_binary", "string_view", "binary_view")
