@@ -215,6 +215,10 @@ def test_a_sliced_numpy_array_and_its_copy() -> None:
     view = base[10:60:2]
     assert digest_of(view) == digest_of(view.copy())
     assert digest_of(view) != digest_of(view.astype(np.int64))
+    times = np.array(["2020-01-01", "2021-01-01"], "M8[ns]")
+    assert digest_of(times[::-1].copy()[::-1]) == digest_of(times) != digest_of(times[::-1])
+    frame = pd.DataFrame({"t": times, "d": times - times[0]})
+    assert digest_of(frame) == digest_of(frame.copy()) != digest_of(frame.iloc[::-1])
 
 
 def rechunked(array: pa.Array, cuts: list[int]) -> pa.ChunkedArray:

@@ -32,16 +32,21 @@ def hash_into(hasher: Any, obj: Any) -> bool:
 
 
 def _numpy(hasher: Any, array: Any) -> None:
-    import numpy as np
 
     if array.dtype.hasobject:
         hasher.tag(b"O", repr(array.shape).encode())
         for item in array.ravel(order="K"):
             hasher.value(item.item() if hasattr(item, "item") else item)
         return
-    contiguous = np.ascontiguousarray(array)
     hasher.tag(b"A", f"{array.dtype.str}|{array.shape}".encode())
-    hasher.h.update(contiguous.data.cast("B"))
+    hasher.h.update(_raw(array))
+
+
+def _raw(values: Any) -> Any:
+    """The bytes of fixed-width values (as bytes: a buffer of datetimes cannot be exported)."""
+    import numpy as np
+
+    return np.ascontiguousarray(values).reshape(-1).view(np.uint8)
 
 
 def _pandas(hasher: Any, obj: Any) -> None:
@@ -120,7 +125,7 @@ def _values(hasher: Any, values: Any) -> None:
 
     dtype = values.dtype
     if isinstance(dtype, np.dtype) and not dtype.hasobject:
-        hasher.h.update(np.ascontiguousarray(values))
+        hasher.h.update(_raw(values))
         return
     import pyarrow as pa
 
