@@ -120,7 +120,7 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench-keys-") as folder:
         for i, (label, value) in enumerate(arguments(quick).items()):
-            rounds = 3 if "array" in label else 5 if quick else 15
+            rounds = 3 if "array" in label else 15 if quick else 41
             results[label] = measure(contenders(value, f"{folder}/{i}"), rounds)
     print(f"\nload average {os.getloadavg()[0]:.1f}; medians; ratio = CPU time / xxh3 floor's\n")
     print("| argument | contender | wall ms | CPU ms | ratio to floor |")
