@@ -355,3 +355,15 @@ def test_wide_frames_equal_in_any_block_layout() -> None:
     swapped = frame[[*names[:-2], names[-1], names[-2]]]
     swapped.columns = names
     assert len({digest_of(frame), digest_of(changed), digest_of(swapped)}) == 3
+
+
+def test_empty_and_all_null_columns_in_every_layout() -> None:
+    for t in (pa.string(), pa.int64()):
+        empty = {digest_of(pa.chunked_array([], t)), digest_of(pa.array([], t)),
+                 digest_of(pa.chunked_array([pa.array([], t)] * 2)),
+                 digest_of(pa.array([1, 2], pa.int64()).cast(t).slice(2))}
+        nulls = {digest_of(pa.array([None, None], t)),
+                 digest_of(pa.chunked_array([pa.array([None], t)] * 2))}
+        assert len(empty) == 1 and len(nulls) == 1 and empty != nulls
+    assert digest_of(pa.array([], pa.string())) != digest_of(pa.array([], pa.int64()))
+    assert digest_of(pd.DataFrame({"a": pd.array([], dtype="str")})) != digest_of(pd.DataFrame())

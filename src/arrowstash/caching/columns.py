@@ -212,9 +212,9 @@ def _column(hasher: Any, obj: Any) -> None:
         chunks = [chunk.dictionary_decode() for chunk in chunks]
     has_nulls = any(chunk.null_count for chunk in chunks)  # after decoding: dictionaries' too
     nulls = _nulls(hasher, chunks) if has_nulls else [None] * len(chunks)
-    t = chunks[0].type if chunks else obj.type
-    if pa.types.is_null(t):
+    if not len(obj) or pa.types.is_null(chunks[0].type):
         return
+    t = chunks[0].type
     if pa.types.is_boolean(t):
         for chunk in chunks:
             hasher.h.update(np.asarray(chunk.fill_null(False)).tobytes())
