@@ -92,7 +92,7 @@ def _frame(hasher: Any, frame: Any) -> None:
         values = blocks[owner[start]].values
         if isinstance(values, np.ndarray) and not values.dtype.hasobject \
                 and values.flags.c_contiguous:
-            hasher.h.update(values[row[start] : row[start] + stop - start])
+            hasher.h.update(_raw(values[row[start] : row[start] + stop - start]))
         else:
             for position in range(start, stop):
                 _values(hasher, frame._mgr.iget_values(position))
