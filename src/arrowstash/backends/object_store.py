@@ -6,9 +6,12 @@ Object puts are atomic (a multipart upload becomes visible only when completed),
 an old entry or a new one, never a part; concurrent writers of one key each store a complete entry
 and the last one wins. Large entries are spooled to a temporary file while they are serialized
 (the header is written last) and uploaded from it in parts, so the whole entry is never held in
-memory. The stampede lock is an object created with a conditional put (``If-None-Match: *``)
-that holds an owner token and a lease; a waiter takes over a lock whose lease has run out with a
-conditional put on its ETag (``If-Match``), so two waiters never both take it.
+memory. Entries larger than one part are read by concurrent ranged GETs into one preallocated,
+64-byte aligned buffer, conditional on the ETag of the first part, so that the serializers view
+it without a copy and a read never mixes two versions of an entry. The stampede lock is an
+object created with a conditional put (``If-None-Match: *``) that holds an owner token and a
+lease; a waiter takes over a lock whose lease has run out with a conditional put on its ETag
+(``If-Match``), so two waiters never both take it.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ import os
 import re
 import secrets
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,9 +96,12 @@ class Tuning:
     #: Entries this large, and entries with streamed sections, go by multipart upload in parts
     #: of ``part_bytes``, ``max_concurrency`` at a time, from a spool file in ``spool_dir``
     #: (None: the system's temporary folder). At most ``part_bytes * max_concurrency`` bytes
-    #: of an upload are in memory at once.
+    #: of an upload are in memory at once. Reads fetch ranges of ``range_bytes``,
+    #: ``max_concurrency`` at a time (the clouds serve each connection at a limited rate), so
+    #: an entry up to ``range_bytes`` is one GET.
     multipart_from: int = 16 << 20
     part_bytes: int = 8 << 20
+    range_bytes: int = 16 << 20
     max_concurrency: int = 4
     spool_dir: str | None = None
     #: The circuit breaker: after this many failures in a row, skip the store for a while.
@@ -104,6 +112,8 @@ class Tuning:
         if self.part_bytes < 5 << 20:
             raise ValueError(f"part_bytes must be at least 5 MiB (S3's smallest part), not "
                              f"{self.part_bytes!r}")
+        if self.range_bytes < 1 << 20:
+            raise ValueError(f"range_bytes must be at least 1 MiB, not {self.range_bytes!r}")
         if self.timeout <= 0 or self.connect_timeout <= 0 or self.retries < 0:
             raise ValueError("timeouts must be positive and retries >= 0")
         if self.max_concurrency < 1:
@@ -154,6 +164,8 @@ class ObjectStoreBackend:
         self.encrypt = encrypt
         self.tuning = tuning
         self.breaker = Breaker(tuning.breaker_failures, tuning.breaker_cooldown)
+        self._readers: tuple[int, ThreadPoolExecutor] | None = None  # (pid, pool)
+        self._readers_guard = threading.Lock()
         # rebuilt from these in another process (a Dask worker): see __reduce__
         self._made_with = (url, {"endpoint": endpoint, "region": region, "tuning": tuning,
                                  "encrypt": encrypt, **store_options})
@@ -195,13 +207,49 @@ class ObjectStoreBackend:
     # -- entries ----------------------------------------------------------------------------
 
     def get(self, key: Key) -> Stored | None:
-        """One GET: the body arrives in one buffer that the serializers read without a copy."""
+        """A GET of the first ``range_bytes``; the rest of a larger entry by ranged GETs."""
         try:
             with self._call("get"):
-                data = self._obstore.get(self._store, self._path(key)).bytes()
+                return Stored(self._read(self._path(key)))
         except FileNotFoundError:
             return None
-        return Stored(memoryview(data))
+        except self._obstore.exceptions.PreconditionError:
+            return None  # replaced while we read it: a miss, rather than a mix of two entries
+
+    def _read(self, path: str, known: dict[str, Any] | None = None) -> memoryview:
+        """The whole object in one buffer: its first part, then the others fetched
+        concurrently, each copied into its place as it arrives (only the parts in flight are
+        held twice). ``known``: the metadata of a first part read earlier (tests)."""
+        import pyarrow as pa
+
+        part = self.tuning.range_bytes
+        first = self._obstore.get(self._store, path, options={"range": (0, part)})
+        meta, head = known or first.meta, first.bytes()
+        size = meta["size"]
+        if size <= part:
+            return memoryview(head)
+        buffer = memoryview(pa.allocate_buffer(size)).cast("B")
+        buffer[:part] = memoryview(head).cast("B")
+        del head, first
+        same = {"if_match": meta["e_tag"]} if meta["e_tag"] else {}
+
+        def fetch(start: int) -> None:
+            end = min(start + part, size)
+            got = self._obstore.get(self._store, path, options={"range": (start, end), **same})
+            buffer[start:end] = memoryview(got.bytes()).cast("B")
+
+        list(self._pool().map(fetch, range(part, size, part)))  # raises a part's failure
+        return buffer
+
+    def _pool(self) -> ThreadPoolExecutor:
+        """The threads of ranged reads, made in the process that uses them (a pool inherited
+        through fork has no threads)."""
+        with self._readers_guard:
+            if self._readers is None or self._readers[0] != os.getpid():
+                pool = ThreadPoolExecutor(self.tuning.max_concurrency,
+                                          thread_name_prefix="arrowstash-get")
+                self._readers = (os.getpid(), pool)
+            return self._readers[1]
 
     def set(self, entry: EntryWriter) -> int:
         path = self._path(entry.key)
@@ -345,7 +393,11 @@ class ObjectStoreBackend:
             pass
 
     def close(self) -> None:
-        """Nothing to close: obstore's connection pools end with the backend."""
+        """Stop the threads of ranged reads; obstore's connection pools end with the backend."""
+        with self._readers_guard:
+            if self._readers is not None and self._readers[0] == os.getpid():
+                self._readers[1].shutdown(wait=False)
+            self._readers = None
 
 
 def _unlinked(fd: int, spool: str) -> Path:
