@@ -1,16 +1,21 @@
-"""How ObjectStoreBackend reads a large entry, against moto's server: concurrent ranged GETs
-into one buffer that the value then views (no copy), conditional on the entry's ETag, and a
-peak RSS of a hit close to the value's size."""
+"""The requests ObjectStoreBackend makes, seen by moto's server: a large entry read by
+concurrent ranged GETs into one buffer that the value then views (no copy), conditional on the
+entry's ETag, with a peak RSS close to the value's size; what a miss, a store and a hit cost
+(the table of docs/clusters.md); ``clear`` deleting our objects only, in batches."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -34,8 +39,11 @@ def _backend(server: S3Server, prefix: str, concurrency: int = 4) -> ObjectStore
                                             range_bytes=PART, max_concurrency=concurrency))
 
 
+_LINE = re.compile(r'"(?:\x1b\[[\d;]*m)*(\w+) (\S+) HTTP/1\.1(?:\x1b\[[\d;]*m)*" (\d+)')
+
+
 class _Requests(logging.Handler):
-    """The request lines moto's server (werkzeug) logs once it has answered each one."""
+    """The requests moto's server (werkzeug) logs once it has answered each one."""
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)
@@ -44,20 +52,35 @@ class _Requests(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(record.getMessage())
 
-    def gets(self, path: str, expected: int) -> list[str]:
-        """The statuses of the GETs of ``path``, waiting until ``expected`` of them landed
-        (the lines may carry colour codes)."""
+    def seen(self, prefix: str, expected: int) -> list[tuple[str, str, str]]:
+        """(method, target, status) of the requests under ``prefix`` and of batch deletes,
+        once ``expected`` of them landed (and a moment later, so that any more are seen)."""
         deadline = time.monotonic() + 5
-        while True:
-            found = [line.rsplit(" ", 2)[-2] for line in self.lines
-                     if f"GET /{S3Server.BUCKET}/{path} " in line]
-            if len(found) >= expected or time.monotonic() > deadline:
-                return found
+        while len(self._under(prefix)) < expected and time.monotonic() < deadline:
             time.sleep(0.01)
+        time.sleep(0.1)
+        return self._under(prefix)
+
+    def _under(self, prefix: str) -> list[tuple[str, str, str]]:
+        return [(m[1], m[2], m[3]) for m in map(_LINE.search, list(self.lines))
+                if m and (prefix in m[2] or m[2].endswith("?delete"))]
+
+
+@pytest.fixture
+def requests() -> Iterator[_Requests]:
+    werkzeug = logging.getLogger("werkzeug")
+    seen, level = _Requests(), werkzeug.level
+    werkzeug.addHandler(seen)
+    werkzeug.setLevel(logging.INFO)
+    try:
+        yield seen
+    finally:
+        werkzeug.removeHandler(seen)
+        werkzeug.setLevel(level)
 
 
 def test_a_large_entry_arrives_by_ranged_gets_into_one_buffer_the_value_views(
-        s3_server: S3Server, unique_prefix: str) -> None:
+        s3_server: S3Server, unique_prefix: str, requests: _Requests) -> None:
     backend = _backend(s3_server, unique_prefix)
     array = np.random.default_rng(2).random(3 << 20)  # 24 MiB: five ranges of 5 MiB
 
@@ -67,22 +90,13 @@ def test_a_large_entry_arrives_by_ranged_gets_into_one_buffer_the_value_views(
 
     make()
     (entry,) = backend.entries()
-    (listed,) = backend._objects(None, None)
-    path = f"{unique_prefix}/{listed['path']}"
-    werkzeug = logging.getLogger("werkzeug")
-    requests, level = _Requests(), werkzeug.level
-    werkzeug.addHandler(requests)
-    werkzeug.setLevel(logging.INFO)
-    try:
-        got = make()
-        parts = -(-entry.size // PART)
-        statuses = requests.gets(path, parts)
-    finally:
-        werkzeug.removeHandler(requests)
-        werkzeug.setLevel(level)
+    requests.lines.clear()
+    got = make()
+    parts = -(-entry.size // PART)
+    statuses = [(method, status) for method, _, status in requests.seen(unique_prefix, parts)]
     assert make.cache_info().hits == 1
     np.testing.assert_array_equal(got, array)
-    assert parts == 5 and statuses == ["206"] * parts  # every GET a range, none whole
+    assert parts == 5 and statuses == [("GET", "206")] * parts  # every GET a range, none whole
     # the value lies inside the one 64-byte aligned buffer the parts were copied into
     view = got.base
     while not isinstance(view, memoryview):
@@ -187,3 +201,51 @@ def test_the_local_stores_read_by_ranges_too(kind: str, unique_prefix: str,
     assert stored is not None and isinstance(stored.data.obj, pa.Buffer)
     entry = parse_entry(stored.data)
     np.testing.assert_array_equal(ArraySerializer().decode(entry.meta, entry.sections), array)
+
+
+def test_what_a_miss_a_store_and_a_hit_cost(s3_backend: ObjectStoreBackend, unique_prefix: str,
+                                            requests: _Requests) -> None:
+    """The rows of docs/clusters.md's table of requests, for an entry under 16 MiB."""
+
+    @cache(backend=s3_backend, l1=False)
+    def locked(n: int) -> list[int]:
+        return list(range(n))
+
+    @cache(backend=s3_backend, l1=False, lock=False)
+    def unlocked(n: int) -> list[int]:
+        return list(range(n))
+
+    def cost(call: Any) -> list[tuple[str, str, str]]:
+        requests.lines.clear()
+        call()
+        return [(method, "lock" if ".lock" in target else "entry" if ".ast" in target else
+                 "batch", status) for method, target, status in requests.seen(unique_prefix, 1)]
+
+    assert cost(lambda: locked(10)) == [
+        ("GET", "entry", "404"), ("PUT", "lock", "200"), ("PUT", "entry", "200"),
+        ("GET", "lock", "200"), ("POST", "batch", "200")]
+    assert cost(lambda: locked(10)) == [("GET", "entry", "206")]  # one ranged GET
+    assert cost(lambda: unlocked(10)) == [("GET", "entry", "404"), ("PUT", "entry", "200")]
+
+
+def test_clear_deletes_our_objects_only_in_batches(s3_backend: ObjectStoreBackend,
+                                                   unique_prefix: str,
+                                                   requests: _Requests) -> None:
+    import obstore
+
+    store = s3_backend._store
+    ours = [s3_backend._path(Key("ns", "f", i.to_bytes(16, "big"))) for i in range(1001)]
+    ours.append(s3_backend._path(Key("ns", "g", bytes(16)), ".lock"))
+    foreign = ["ns/readme.txt", "ns/f/data.parquet", "ns2/f/" + ours[0].rsplit("/", 1)[1],
+               "other/f/x.ast"]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda path: obstore.put(store, path, b"x"), ours + foreign))
+    requests.lines.clear()
+    assert s3_backend.clear("ns") == 1001  # entries; the lock went too
+    made = requests.seen(unique_prefix, 4)
+    lists = [target for method, target, _ in made if method == "GET"]
+    deletes = [target for method, target, _ in made if method == "POST"]
+    assert len(lists) == 2 and all("list-type=2" in target for target in lists)
+    assert len(deletes) == 2  # 1,000 and 2
+    left = sorted(meta["path"] for chunk in obstore.list(store) for meta in chunk)
+    assert left == sorted(foreign)
