@@ -6,12 +6,12 @@ Object puts are atomic (a multipart upload becomes visible only when completed),
 an old entry or a new one, never a part; concurrent writers of one key each store a complete entry
 and the last one wins. Large entries are spooled to a temporary file while they are serialized
 (the header is written last) and uploaded from it in parts, so the whole entry is never held in
-memory. Entries larger than one part are read by concurrent ranged GETs into one preallocated,
-64-byte aligned buffer, conditional on the ETag of the first part, so that the serializers view
-it without a copy and a read never mixes two versions of an entry. The stampede lock is an
-object created with a conditional put (``If-None-Match: *``) that holds an owner token and a
-lease; a waiter takes over a lock whose lease has run out with a conditional put on its ETag
-(``If-Match``), so two waiters never both take it.
+memory. Entries over ``Tuning.range_bytes`` are read by concurrent ranged GETs into one
+preallocated, 64-byte aligned buffer, conditional on the ETag of the first range, so that the
+serializers view it without a copy and a read never mixes two versions of an entry.
+The stampede lock is an object created with a conditional put (``If-None-Match: *``) that holds
+an owner token and a lease; a waiter takes over a lock whose lease has run out with a
+conditional put on its ETag (``If-Match``), so two waiters never both take it.
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ SUFFIX = ".ast"
 _LOCK_SUFFIX = ".lock"
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _URLS = re.compile(r"(https?://[^\s?\"'<>]*)\?[^\s\"'<>]*")
+#: Bytes a range of a read hands over at a time (each chunk is copied into the entry's buffer).
+_CHUNK = 1 << 20
 #: Objects deleted per request by ``clear`` (S3's DeleteObjects takes up to 1000).
 _DELETE_BATCH = 1000
 
@@ -96,9 +98,9 @@ class Tuning:
     #: Entries this large, and entries with streamed sections, go by multipart upload in parts
     #: of ``part_bytes``, ``max_concurrency`` at a time, from a spool file in ``spool_dir``
     #: (None: the system's temporary folder). At most ``part_bytes * max_concurrency`` bytes
-    #: of an upload are in memory at once. Reads fetch ranges of ``range_bytes``,
-    #: ``max_concurrency`` at a time (the clouds serve each connection at a limited rate), so
-    #: an entry up to ``range_bytes`` is one GET.
+    #: of an upload are in memory at once. An entry up to ``range_bytes`` is read by one GET;
+    #: a larger one by a GET of its first ``range_bytes`` and ``max_concurrency`` ranged GETs
+    #: at once for the rest (the clouds serve each connection at a limited rate).
     multipart_from: int = 16 << 20
     part_bytes: int = 8 << 20
     range_bytes: int = 16 << 20
@@ -217,28 +219,35 @@ class ObjectStoreBackend:
             return None  # replaced while we read it: a miss, rather than a mix of two entries
 
     def _read(self, path: str, known: dict[str, Any] | None = None) -> memoryview:
-        """The whole object in one buffer: its first part, then the others fetched
-        concurrently, each copied into its place as it arrives (only the parts in flight are
-        held twice). ``known``: the metadata of a first part read earlier (tests)."""
+        """The whole object in one buffer: its first ``range_bytes``, then the rest in
+        ``max_concurrency`` ranges fetched at once, each streamed into its place (so only a
+        chunk per range is in flight besides the buffer; every request has a price, hence few
+        large ranges). ``known``: the metadata of a first range read earlier (tests)."""
         import pyarrow as pa
 
-        part = self.tuning.range_bytes
-        first = self._obstore.get(self._store, path, options={"range": (0, part)})
+        first_end = self.tuning.range_bytes
+        first = self._obstore.get(self._store, path, options={"range": (0, first_end)})
         meta, head = known or first.meta, first.bytes()
         size = meta["size"]
-        if size <= part:
+        if size <= first_end:
             return memoryview(head)
         buffer = memoryview(pa.allocate_buffer(size)).cast("B")
-        buffer[:part] = memoryview(head).cast("B")
+        buffer[:first_end] = memoryview(head).cast("B")
         del head, first
         same = {"if_match": meta["e_tag"]} if meta["e_tag"] else {}
+        step = max(-(-(size - first_end) // self.tuning.max_concurrency), first_end)
 
         def fetch(start: int) -> None:
-            end = min(start + part, size)
+            end = min(start + step, size)
             got = self._obstore.get(self._store, path, options={"range": (start, end), **same})
-            buffer[start:end] = memoryview(got.bytes()).cast("B")
+            at = start
+            for chunk in got.stream(min_chunk_size=_CHUNK):
+                buffer[at : at + len(chunk)] = chunk
+                at += len(chunk)
+            if at != end:
+                raise OSError(f"a range of {path} ended at {at}, not {end}")
 
-        list(self._pool().map(fetch, range(part, size, part)))  # raises a part's failure
+        list(self._pool().map(fetch, range(first_end, size, step)))  # raises a range's failure
         return buffer
 
     def _pool(self) -> ThreadPoolExecutor:
