@@ -249,3 +249,28 @@ def test_clear_deletes_our_objects_only_in_batches(s3_backend: ObjectStoreBacken
     assert len(deletes) == 2  # 1,000 and 2
     left = sorted(meta["path"] for chunk in obstore.list(store) for meta in chunk)
     assert left == sorted(foreign)
+
+
+@pytest.mark.slow
+def test_a_200_mb_frame_goes_up_in_parts_and_comes_back_in_ranges(
+        s3_backend: ObjectStoreBackend, unique_prefix: str, requests: _Requests) -> None:
+    import pandas as pd
+
+    rng = np.random.default_rng(5)
+    frame = pd.DataFrame({"x": rng.random(12_500_000), "y": rng.integers(0, 1 << 40, 12_500_000)})
+    assert frame.memory_usage().sum() >= 200_000_000
+
+    @cache(backend=s3_backend, l1=False)
+    def make() -> pd.DataFrame:
+        return frame
+
+    make()
+    stored = requests.seen(unique_prefix, 1)
+    requests.lines.clear()
+    pd.testing.assert_frame_equal(make(), frame)
+    read = requests.seen(unique_prefix, 5)
+    (entry,) = s3_backend.entries()
+    parts = [target for method, target, _ in stored if method == "PUT" and "partNumber" in target]
+    assert len(parts) == -(-entry.size // s3_backend.tuning.part_bytes)  # 8 MiB parts
+    assert sum("uploadId" in target and method == "POST" for method, target, _ in stored) == 1
+    assert [(method, status) for method, _, status in read] == [("GET", "206")] * 5
