@@ -226,6 +226,15 @@ def test_what_a_miss_a_store_and_a_hit_cost(s3_backend: ObjectStoreBackend, uniq
         ("GET", "lock", "200"), ("POST", "batch", "200")]
     assert cost(lambda: locked(10)) == [("GET", "entry", "206")]  # one ranged GET
     assert cost(lambda: unlocked(10)) == [("GET", "entry", "404"), ("PUT", "entry", "200")]
+    key = Key("ns", "f", bytes(16))
+
+    def poll_once() -> None:
+        with s3_backend.lock(key, timeout=0.0) as waited:  # one attempt, then it gives up
+            assert not waited
+
+    with s3_backend.lock(key, timeout=1.0) as held:
+        assert held
+        assert cost(poll_once) == [("PUT", "lock", "412"), ("GET", "lock", "200")]
 
 
 def test_clear_deletes_our_objects_only_in_batches(s3_backend: ObjectStoreBackend,
