@@ -226,7 +226,14 @@ class ObjectStoreBackend:
         import pyarrow as pa
 
         first_end = self.tuning.range_bytes
-        first = self._obstore.get(self._store, path, options={"range": (0, first_end)})
+        try:
+            first = self._obstore.get(self._store, path, options={"range": (0, first_end)})
+        except FileNotFoundError:
+            raise
+        except self._obstore.exceptions.BaseError:
+            if self._obstore.head(self._store, path)["size"]:
+                raise
+            return memoryview(b"")  # an empty object has no range: not an entry, a miss
         meta, head = known or first.meta, first.bytes()
         size = meta["size"]
         if size <= first_end:
