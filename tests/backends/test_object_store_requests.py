@@ -117,14 +117,20 @@ def test_a_small_entry_is_one_get(s3_server: S3Server, unique_prefix: str) -> No
     assert stored is not None and not isinstance(stored.data.obj, pa.Buffer)  # obstore's own
 
 
-def test_an_empty_object_is_a_miss_not_a_failure(s3_backend: ObjectStoreBackend) -> None:
+@pytest.mark.parametrize("kind", ["s3", "memory", "folder"])
+def test_an_empty_object_is_a_miss_not_a_failure(kind: str, s3_server: S3Server,
+                                                 unique_prefix: str, tmp_path: Path) -> None:
     import obstore
 
+    backend = {"s3": lambda: ObjectStoreBackend(s3_server.url(unique_prefix),
+                                                **s3_server.credentials),
+               "memory": lambda: ObjectStoreBackend(f"objstore+memory://{unique_prefix}"),
+               "folder": lambda: ObjectStoreBackend(f"objstore+file://{tmp_path}")}[kind]()
     key = Key("ns", "f", bytes(16))
-    obstore.put(s3_backend._store, s3_backend._path(key), b"")
-    stored = s3_backend.get(key)  # no range to read: handed on, for the parser to refuse
+    obstore.put(backend._store, backend._path(key), b"")
+    stored = backend.get(key)  # no range to read: handed on, for the parser to refuse
     assert stored is not None and stored.data.nbytes == 0
-    assert s3_backend.breaker.state == "closed"
+    assert backend.breaker.state == "closed"
 
 
 def test_a_read_never_mixes_two_versions_of_an_entry(s3_server: S3Server,

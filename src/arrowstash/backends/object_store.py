@@ -50,6 +50,8 @@ SUFFIX = ".ast"
 _LOCK_SUFFIX = ".lock"
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _URLS = re.compile(r"(https?://[^\s?\"'<>]*)\?[^\s\"'<>]*")
+#: How the stores word the refusal of a range (HTTP 416, and the local stores' errors).
+_NO_RANGE = re.compile(r"range not satisfiable|invalid ?range|range was invalid", re.I)
 #: Bytes a range of a read hands over at a time (each chunk is copied into the entry's buffer).
 _CHUNK = 1 << 20
 #: Objects deleted per request by ``clear`` (S3's DeleteObjects takes up to 1000).
@@ -230,10 +232,11 @@ class ObjectStoreBackend:
             first = self._obstore.get(self._store, path, options={"range": (0, first_end)})
         except FileNotFoundError:
             raise
-        except self._obstore.exceptions.BaseError:
-            if self._obstore.head(self._store, path)["size"]:
+        except self._obstore.exceptions.BaseError as exc:
+            # an empty object has no range; a failure of another kind costs no HEAD
+            if not _NO_RANGE.search(str(exc)) or self._obstore.head(self._store, path)["size"]:
                 raise
-            return memoryview(b"")  # an empty object has no range: not an entry, a miss
+            return memoryview(b"")  # not an entry: the reader logs a miss
         meta, head = known or first.meta, first.bytes()
         size = meta["size"]
         if size <= first_end:
