@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,30 @@ def test_every_kind_of_value_round_trips(s3_backend: ObjectStoreBackend, value: 
             assert got.equals(value)
         else:
             assert got == value
+
+
+@dataclass
+class _Model:
+    """No serializer but pickle's takes this: on a shared store, only under a secret."""
+
+    weights: np.ndarray
+
+
+def test_polars_frames_and_pickled_objects_round_trip(s3_backend: ObjectStoreBackend) -> None:
+    import polars as pl
+
+    frame = pl.DataFrame({"x": np.arange(5000), "s": [f"r{i}" for i in range(5000)]})
+    calls = []
+
+    @cache(backend=s3_backend, l1=False, secret="team-secret")
+    def make(kind: str) -> Any:
+        calls.append(kind)
+        return frame if kind == "polars" else _Model(np.arange(100_000.0))
+
+    for _ in range(2):
+        assert make("polars").equals(frame)
+        np.testing.assert_array_equal(make("model").weights, np.arange(100_000.0))
+    assert calls == ["polars", "model"] and make.cache_info().hits == 2
 
 
 def test_a_large_entry_goes_by_multipart_upload(s3_server: S3Server, unique_prefix: str,
@@ -237,3 +262,24 @@ def test_bad_urls_are_refused_by_name() -> None:
         ObjectStoreBackend("s3:///prefix")
     with pytest.raises(ValueError, match="part_bytes must be at least 5 MiB"):
         Tuning(part_bytes=1024)
+
+
+def test_the_documented_lifecycle_rule_is_one_s3_accepts(s3_server: S3Server) -> None:
+    import re
+
+    import boto3
+
+    text = (TESTS.parent / "docs" / "clusters.md").read_text()
+    found = re.search(r"^```json\n(.*?)^```", text, re.S | re.M)
+    assert found is not None
+    rule = json.loads(found[1])
+    s3 = boto3.client("s3", endpoint_url=s3_server.endpoint, region_name=s3_server.REGION,
+                      aws_access_key_id=s3_server.KEY_ID,
+                      aws_secret_access_key=s3_server.SECRET)
+    s3.put_bucket_lifecycle_configuration(Bucket=s3_server.BUCKET, LifecycleConfiguration=rule)
+    try:
+        (kept,) = s3.get_bucket_lifecycle_configuration(Bucket=s3_server.BUCKET)["Rules"]
+    finally:
+        s3.delete_bucket_lifecycle(Bucket=s3_server.BUCKET)
+    assert kept["Expiration"] == {"Days": 7} and kept["Status"] == "Enabled"
+    assert kept["AbortIncompleteMultipartUpload"] == {"DaysAfterInitiation": 1}

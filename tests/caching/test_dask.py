@@ -1,13 +1,16 @@
 """Cached functions as tasks of a real Dask cluster: a ``distributed.LocalCluster`` of two worker
-processes (one thread each) sharing one object store (the moto server) or one folder.
+processes (one thread each) sharing one object store (the moto server), one Redis server or one
+folder.
 
 For each key the body runs once across the cluster (the stampede lock is an object in the
-store), every task gets an equal value, and what the workers stored is a hit in the client."""
+store), every task gets an equal value, what the workers stored is a hit in the client, and a
+worker killed in the middle of a task leaves no lock behind once its lease is over."""
 
 from __future__ import annotations
 
 import os
 import pickle
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -85,6 +88,28 @@ def test_file_backend_on_a_shared_folder(dask_client: Any, tmp_path: Path) -> No
     _check_cluster(dask_client, cached, runs)
 
 
+@pytest.mark.redis
+def test_redis_shared_by_worker_processes(dask_client: Any, redis_backend: Any,
+                                          tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    cached = cache(backend=redis_backend, lock_timeout=30)(_counted(runs, 0.5))
+    _check_cluster(dask_client, cached, runs)
+
+
+@pytest.mark.redis
+def test_a_redis_backend_pickles_as_its_url_and_options(redis_server: Any) -> None:
+    import redis
+
+    from arrowstash.backends.redis import RedisBackend
+
+    backend = RedisBackend(redis_server.url, prefix="pickled", chunk_bytes=4096)
+    twin = pickle.loads(pickle.dumps(backend))
+    assert twin is not backend and twin.url == backend.url
+    assert (twin.prefix, twin.chunk_bytes) == ("pickled", 4096)
+    with pytest.raises(TypeError, match="made from a client object cannot be pickled"):
+        pickle.dumps(RedisBackend(redis.Redis.from_url(redis_server.url)))
+
+
 def test_a_cached_function_travels_with_its_backend_url(s3_backend: Any, tmp_path: Path) -> None:
     import cloudpickle
 
@@ -105,3 +130,32 @@ def _module_level(n: int) -> int:
 
 def test_a_module_level_cached_function_pickles_by_name() -> None:
     assert pickle.loads(pickle.dumps(_module_level)) is _module_level
+
+
+def test_a_worker_killed_mid_task_leaves_no_lock_past_its_lease(dask_client: Any,
+                                                                 s3_backend: Any,
+                                                                 tmp_path: Path) -> None:
+    """The first run takes the lock object, then its worker process dies; Dask runs the task
+    again on a live worker, which waits out the dead owner's lease, takes the lock over and
+    releases it (a waiter that merely timed out would leave the dead owner's lock behind)."""
+    import obstore
+
+    runs = tmp_path / "runs"
+
+    def dies_once(n: int) -> np.ndarray:
+        first = not runs.exists()
+        with open(runs, "a") as log:
+            log.write(f"{n} {os.getpid()}\n")
+        if first:
+            time.sleep(1.0)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return np.arange(n)
+
+    cached = cache(backend=s3_backend, lock_timeout=3)(dies_once)
+    value = dask_client.submit(cached, 5, pure=False).result(timeout=120)
+    np.testing.assert_array_equal(value, np.arange(5))
+    pids = [line.split()[1] for line in runs.read_text().splitlines()]
+    assert len(pids) == 2 and pids[0] != pids[1]
+    objects = [meta["path"] for chunk in obstore.list(s3_backend._store) for meta in chunk]
+    assert [path for path in objects if path.endswith(".lock")] == []
+    assert [path for path in objects if path.endswith(".ast")] != []

@@ -6,8 +6,11 @@ Object puts are atomic (a multipart upload becomes visible only when completed),
 an old entry or a new one, never a part; concurrent writers of one key each store a complete entry
 and the last one wins. Large entries are spooled to a temporary file while they are serialized
 (the header is written last) and uploaded from it in parts, so the whole entry is never held in
-memory. The stampede lock is an object created with a conditional put (``If-None-Match: *``)
-that holds an owner token and a lease; a waiter takes over a lock whose lease has run out with a
+memory. Entries over ``Tuning.range_bytes`` are read by concurrent ranged GETs into one
+preallocated, 64-byte aligned buffer, conditional on the ETag of the first range, so that the
+serializers view it without a copy and a read never mixes two versions of an entry.
+The stampede lock is an object created with a conditional put (``If-None-Match: *``) that holds
+an owner token and a lease; a waiter takes over a lock whose lease has run out with a
 conditional put on its ETag (``If-Match``), so two waiters never both take it.
 """
 
@@ -19,8 +22,10 @@ import os
 import re
 import secrets
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +50,10 @@ SUFFIX = ".ast"
 _LOCK_SUFFIX = ".lock"
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _URLS = re.compile(r"(https?://[^\s?\"'<>]*)\?[^\s\"'<>]*")
+#: How the stores word the refusal of a range (HTTP 416, and the local stores' errors).
+_NO_RANGE = re.compile(r"range not satisfiable|invalid ?range|range was invalid", re.I)
+#: Bytes a range of a read hands over at a time (each chunk is copied into the entry's buffer).
+_CHUNK = 1 << 20
 #: Objects deleted per request by ``clear`` (S3's DeleteObjects takes up to 1000).
 _DELETE_BATCH = 1000
 
@@ -91,9 +100,12 @@ class Tuning:
     #: Entries this large, and entries with streamed sections, go by multipart upload in parts
     #: of ``part_bytes``, ``max_concurrency`` at a time, from a spool file in ``spool_dir``
     #: (None: the system's temporary folder). At most ``part_bytes * max_concurrency`` bytes
-    #: of an upload are in memory at once.
+    #: of an upload are in memory at once. An entry up to ``range_bytes`` is read by one GET;
+    #: a larger one by a GET of its first ``range_bytes`` and ``max_concurrency`` ranged GETs
+    #: at once for the rest (the clouds serve each connection at a limited rate).
     multipart_from: int = 16 << 20
     part_bytes: int = 8 << 20
+    range_bytes: int = 16 << 20
     max_concurrency: int = 4
     spool_dir: str | None = None
     #: The circuit breaker: after this many failures in a row, skip the store for a while.
@@ -104,6 +116,8 @@ class Tuning:
         if self.part_bytes < 5 << 20:
             raise ValueError(f"part_bytes must be at least 5 MiB (S3's smallest part), not "
                              f"{self.part_bytes!r}")
+        if self.range_bytes < 1 << 20:
+            raise ValueError(f"range_bytes must be at least 1 MiB, not {self.range_bytes!r}")
         if self.timeout <= 0 or self.connect_timeout <= 0 or self.retries < 0:
             raise ValueError("timeouts must be positive and retries >= 0")
         if self.max_concurrency < 1:
@@ -154,6 +168,8 @@ class ObjectStoreBackend:
         self.encrypt = encrypt
         self.tuning = tuning
         self.breaker = Breaker(tuning.breaker_failures, tuning.breaker_cooldown)
+        self._readers: tuple[int, ThreadPoolExecutor] | None = None  # (pid, pool)
+        self._readers_guard = threading.Lock()
         # rebuilt from these in another process (a Dask worker): see __reduce__
         self._made_with = (url, {"endpoint": endpoint, "region": region, "tuning": tuning,
                                  "encrypt": encrypt, **store_options})
@@ -195,13 +211,64 @@ class ObjectStoreBackend:
     # -- entries ----------------------------------------------------------------------------
 
     def get(self, key: Key) -> Stored | None:
-        """One GET: the body arrives in one buffer that the serializers read without a copy."""
+        """A GET of the first ``range_bytes``; the rest of a larger entry by ranged GETs."""
         try:
             with self._call("get"):
-                data = self._obstore.get(self._store, self._path(key)).bytes()
+                return Stored(self._read(self._path(key)))
         except FileNotFoundError:
             return None
-        return Stored(memoryview(data))
+        except self._obstore.exceptions.PreconditionError:
+            return None  # replaced while we read it: a miss, rather than a mix of two entries
+
+    def _read(self, path: str, known: dict[str, Any] | None = None) -> memoryview:
+        """The whole object in one buffer: its first ``range_bytes``, then the rest in
+        ``max_concurrency`` ranges fetched at once, each streamed into its place (so only a
+        chunk per range is in flight besides the buffer; every request has a price, hence few
+        large ranges). ``known``: the metadata of a first range read earlier (tests)."""
+        import pyarrow as pa
+
+        first_end = self.tuning.range_bytes
+        try:
+            first = self._obstore.get(self._store, path, options={"range": (0, first_end)})
+        except FileNotFoundError:
+            raise
+        except self._obstore.exceptions.BaseError as exc:
+            # an empty object has no range; a failure of another kind costs no HEAD
+            if not _NO_RANGE.search(str(exc)) or self._obstore.head(self._store, path)["size"]:
+                raise
+            return memoryview(b"")  # not an entry: the reader logs a miss
+        meta, head = known or first.meta, first.bytes()
+        size = meta["size"]
+        if size <= first_end:
+            return memoryview(head)
+        buffer = memoryview(pa.allocate_buffer(size)).cast("B")
+        buffer[:first_end] = memoryview(head).cast("B")
+        del head, first
+        same = {"if_match": meta["e_tag"]} if meta["e_tag"] else {}
+        step = max(-(-(size - first_end) // self.tuning.max_concurrency), first_end)
+
+        def fetch(start: int) -> None:
+            end = min(start + step, size)
+            got = self._obstore.get(self._store, path, options={"range": (start, end), **same})
+            at = start
+            for chunk in got.stream(min_chunk_size=_CHUNK):
+                buffer[at : at + len(chunk)] = chunk
+                at += len(chunk)
+            if at != end:
+                raise OSError(f"a range of {path} ended at {at}, not {end}")
+
+        list(self._pool().map(fetch, range(first_end, size, step)))  # raises a range's failure
+        return buffer
+
+    def _pool(self) -> ThreadPoolExecutor:
+        """The threads of ranged reads, made in the process that uses them (a pool inherited
+        through fork has no threads)."""
+        with self._readers_guard:
+            if self._readers is None or self._readers[0] != os.getpid():
+                pool = ThreadPoolExecutor(self.tuning.max_concurrency,
+                                          thread_name_prefix="arrowstash-get")
+                self._readers = (os.getpid(), pool)
+            return self._readers[1]
 
     def set(self, entry: EntryWriter) -> int:
         path = self._path(entry.key)
@@ -345,7 +412,11 @@ class ObjectStoreBackend:
             pass
 
     def close(self) -> None:
-        """Nothing to close: obstore's connection pools end with the backend."""
+        """Stop the threads of ranged reads; obstore's connection pools end with the backend."""
+        with self._readers_guard:
+            if self._readers is not None and self._readers[0] == os.getpid():
+                self._readers[1].shutdown(wait=False)
+            self._readers = None
 
 
 def _unlinked(fd: int, spool: str) -> Path:

@@ -142,6 +142,11 @@ class RedisBackend:
                 self._client = _connect(raw, socket_timeout, connect_timeout)
             except ValueError as exc:  # redis-py's URL parser may quote the URL
                 raise ValueError(scrub(str(exc))) from None
+        # rebuilt from these in another process (a Dask worker): see __reduce__
+        self._made_with = {"prefix": prefix, "chunk_bytes": chunk_bytes,
+                           "socket_timeout": socket_timeout, "connect_timeout": connect_timeout,
+                           "breaker_failures": breaker_failures,
+                           "breaker_cooldown": breaker_cooldown, "encrypt": encrypt}
         self.cluster = isinstance(self._client, redis.cluster.RedisCluster)
         self.prefix = _part(prefix)
         self.chunk_bytes = chunk_bytes
@@ -156,6 +161,15 @@ class RedisBackend:
 
     def __repr__(self) -> str:
         return f"RedisBackend({self.url!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its URL (password included, as in the URL it was given) and options, so
+        that a cached function sent to another process (a Dask worker) connects there; a
+        backend made from a client object cannot be rebuilt elsewhere."""
+        if not self._from_url:
+            raise TypeError("a RedisBackend made from a client object cannot be pickled: make "
+                            "it from a URL to send it to other processes")
+        return (_reopen, (self._url, self._made_with))
 
     def _call(self, what: str, key: Key | None = None) -> contextlib.AbstractContextManager[None]:
         """The boundary: every redis-py error becomes a BackendError, and feeds the breaker (of
@@ -485,3 +499,8 @@ def _connect(url: str, socket_timeout: float, connect_timeout: float,
     if scheme not in ("redis", "rediss", "unix"):
         raise ValueError(f"not a Redis URL: {redact(url)!r}")
     return standalone.from_url(url, **options)
+
+
+def _reopen(url: str, options: dict[str, Any]) -> RedisBackend:
+    """The backend a pickle names, connected in this process."""
+    return RedisBackend(url, **options)
