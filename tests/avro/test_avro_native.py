@@ -214,6 +214,10 @@ def test_threads_out_of_work_cut_the_ranges_left() -> None:
         many, _ = decode_messages(array, parsed, threads=threads, native=True)
         many.validate(full=True)
         assert many.equals(one)
+    for _ in range(200):  # a cut needs a thread to run out of work first: rarer on a busy machine
+        if codec._cdecode.cuts() > before:
+            break
+        decode_messages(array, parsed, threads=4, native=True)
     assert codec._cdecode.cuts() > before
     for bad in (59_999, 58_000, 52_345, 45_000, 30_001):
         broken = list(messages)
@@ -586,14 +590,16 @@ if sys.argv[1] == "fork":
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
 def test_helper_threads_are_kept_between_batches_and_not_inherited_by_a_fork() -> None:
-    """The first two-thread batch starts one helper, which then waits for the next batch
+    """The first two-thread batch starts a helper (rarely two), which then waits for the next batch
     instead of ending (one for the decoder, one for the encoder); a forked child (which has
     none of its parent's threads) decodes and encodes with helpers of its own."""
     out = subprocess.run([sys.executable, "-c", _POOL_SCRIPT, "fork"], capture_output=True,
                          text=True, timeout=120, check=True).stdout.split("\n")
     counts = [int(n) for n in out[0].split()]
-    assert counts[1] == counts[0] + 1 and counts[3] == counts[1], counts
-    assert counts[4] == counts[3] + 1 and counts[6] == counts[4], counts
+    # a batch hands work to an idle helper, or starts one: on a loaded machine a helper may not
+    # be idle again yet when the next piece comes, so a second one can start; none ever ends
+    assert counts[0] < counts[1] <= counts[2] <= counts[3] <= counts[0] + 2, counts
+    assert counts[3] < counts[4] <= counts[5] <= counts[6] <= counts[3] + 2, counts
     assert out[1] == "child 0", out
 
 
