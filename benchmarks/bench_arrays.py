@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 import _probes
+from _charts import chart, plot_option
 
 MIB = 1 << 20
 TINY = -1  # the tag of the warm-up value
@@ -401,7 +402,7 @@ def _write_seed(path: Path, nbytes: int) -> None:
 Samples = dict[str, dict[str, list[float]]]  # contender -> metric -> samples
 
 
-def run(quick: bool, repeats: int, tmp: str | None) -> None:
+def run(quick: bool, repeats: int, tmp: str | None, plot: str | None = None) -> None:
     sizes = {"array": 100 * MIB, "dict": 100 * MIB} if quick else {"array": 1 << 30,
                                                                    "dict": 1000 * MIB}
     root = Path(tempfile.mkdtemp(prefix="bench-arrays-", dir=tmp))
@@ -428,6 +429,7 @@ def run(quick: bool, repeats: int, tmp: str | None) -> None:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     report(samples, sizes, quick, repeats, time.perf_counter() - started, problems)
+    charts(plot, samples, sizes)
 
 
 def _measure(into: Samples, writer: str, common: list[str], problems: list[str]) -> None:
@@ -517,6 +519,21 @@ def report(samples: dict[str, Samples], sizes: dict[str, int], quick: bool, repe
         print("\n**Problems:** " + "; ".join(problems))
 
 
+def charts(plot: str | None, samples: dict[str, Samples], sizes: dict[str, int]) -> None:
+    """One chart per value: each reader's store (its writer's), load, and load + touch."""
+    for case, size in sizes.items():
+        got = {reader: (samples[case][writer], samples[case][reader])
+               for writer, readers in WRITERS.items() for reader in readers
+               if writer in samples[case] and reader in samples[case]}
+        chart(plot, f"arrays_{case}", f"{case} of {size / MIB:,.0f} MiB: store and load (medians)",
+              list(got), {
+                  "store": [_median(wrote["store"]) for wrote, _ in got.values()],
+                  "load": [_median(read["seconds"]) for _, read in got.values()],
+                  "load + touch": [_median([a + b for a, b in zip(read["seconds"], read["touch"],
+                                                                  strict=True)])
+                                   for _, read in got.values()]})
+
+
 def targets(samples: dict[str, Samples], sizes: dict[str, int]) -> None:
     rows: list[tuple[str, str, bool | None]] = []
 
@@ -585,8 +602,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None,
                         help="rounds (default 3; 2 with --quick)")
     parser.add_argument("--tmp", default=None, help="folder for the temporary files")
+    plot_option(parser)
     options = parser.parse_args()
-    run(options.quick, options.repeats or (2 if options.quick else 3), options.tmp)
+    run(options.quick, options.repeats or (2 if options.quick else 3), options.tmp, options.plot)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from _charts import chart, plot_option
+
 AS, AS_NOLOCK, CK, FLOOR = "arrowstash", "arrowstash lock=False", "cachekit", "floor"
 HOT, WORKERS, MAX_OPS = 1_000, 4, 2_000_000  # throughput: stored keys, processes, op cap
 DBS = itertools.count(1)  # a fresh Redis database for each contender of each measurement
@@ -304,7 +306,9 @@ def report(small: dict[str, list[float]], frame: dict[str, Any], tput: dict[str,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few repeats: a smoke run")
-    quick = parser.parse_args().quick
+    plot_option(parser)
+    args = parser.parse_args()
+    quick = args.quick
     rounds, batch_ns, repeats, hits, load_rounds, seconds = (
         (9, 10e6, 2, 3, 1, 1.5) if quick else (101, 30e6, 9, 5, 3, 3.0))
     if importlib.util.find_spec("redis") is None:
@@ -324,6 +328,13 @@ def main() -> None:
         frame = frames(libs, url, df, repeats, hits)
         tput = load([AS, AS_NOLOCK, *libs[1:]], url, load_rounds, seconds)
     report(small, frame, tput, rounds)
+    label = {FLOOR: "floor: redis-py"}
+    chart(args.plot, "backends_small_hit", "small-dict hit on Redis, L1 off (median)",
+          [label.get(n, n) for n in small],
+          {"hit": [statistics.median(t) * 1e-6 for t in small.values()]})
+    chart(args.plot, "backends_flights", "flights frame on Redis, L1 off (median)",
+          [label.get(n, n) for n in frame],
+          {step: [r[step] for r in frame.values()] for step in ("store", "hit")})
 
 
 if __name__ == "__main__":

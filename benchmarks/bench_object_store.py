@@ -39,6 +39,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from _charts import chart, plot_option
+
 BUCKET, REGION, KEY_ID, SECRET = "arrowstash-bench", "us-east-1", "bench-key", "bench-secret"
 os.environ.update({"AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET,
                    "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION})
@@ -302,6 +304,7 @@ def main() -> None:
     parser.add_argument("--codec", choices=["zstd", "lz4", "none"],
                         help="ARROWSTASH_ARROW_COMPRESSION for frames (default: zstd, the "
                              "default on remote stores)")
+    plot_option(parser)
     args = parser.parse_args()
     quick = args.quick
     if args.codec:
@@ -338,6 +341,10 @@ def main() -> None:
                                         1 if kind == "array" and not quick else rounds)
                 mib = value_size(value) / 2**20
                 show(f"{kind} ({mib:.0f} MiB in memory)", outcome[kind])
+                chart(args.plot, f"object_store_{kind}",
+                      f"{kind} ({mib:.0f} MiB) on an S3 server, {codec} (medians)",
+                      list(outcome[kind]), {step: [r[step] for r in outcome[kind].values()]
+                                            for step in ("store", "hit")})
                 del value
             measured = [("pandas", "arrowstash"), ("array", "arrowstash")]
             if not quick:

@@ -29,7 +29,8 @@ def bars(path: str, groups: Sequence[str], series: Mapping[str, Sequence[float]]
         offset = (i - (len(series) - 1) / 2) * width
         drawn = ax.bar([x + offset for x in range(len(groups))], [s * 1e3 for s in seconds],
                        width, label=name)
-        ax.bar_label(drawn, [human_time(s) for s in seconds], fontsize=8, padding=2)
+        ax.bar_label(drawn, [human_time(s) if s == s else "n/a" for s in seconds],  # nan: none
+                     fontsize=8, padding=2)
     ax.set_xticks(list(range(len(groups))), list(groups))
     ax.set_yscale("log")
     ax.margins(y=0.15)  # room above the tallest bar for its label
