@@ -598,7 +598,11 @@ void cd_run_range(Ctx *c) {
                 return;
             }
         }
-        if (s + PREFETCH_AHEAD < c->seg_end) __builtin_prefetch(c->segs[s + PREFETCH_AHEAD].ptr);
+        if (s + PREFETCH_AHEAD < c->seg_end) {
+            const Seg *ahead = &c->segs[s + PREFETCH_AHEAD];
+            __builtin_prefetch(ahead->ptr);
+            if (ahead->len > 64) __builtin_prefetch(ahead->ptr + 64);
+        }
         const Seg *seg = &c->segs[s];
         done += seg->len > 0 ? seg->len : 0;
         /* where an error is, set when there is one (the decoders return NULL) */
