@@ -97,6 +97,8 @@ def _plain(t: Primitive, at: Any, path: str) -> tuple[Node, Normalize]:
     if kind in ("float", "double") and (pa.types.is_floating(at) or is_int):
         want = pa.float32() if kind == "float" else pa.float64()
         k = K_FLOAT if kind == "float" else K_DOUBLE
+        if kind == "float" and at == pa.float64():
+            return Node(k, path, t, want), _to_float(path)
         return Node(k, path, t, want), same if at == want else cast_to(want)
     if kind == "string":
         if at == pa.string():
@@ -123,6 +125,20 @@ def _plain(t: Primitive, at: Any, path: str) -> tuple[Node, Normalize]:
     raise unfit(path, t, at)
 
 
+
+
+def _to_float(path: str) -> Normalize:
+    """float64 -> float32, rounding; a finite value past float32's range (which the cast
+    turns into an infinity) is refused, as an int out of range is."""
+    def norm(arr: Any) -> Any:
+        out = arr.cast(pa.float32())
+        grown = pc.and_(pc.is_inf(out), pc.invert(pc.is_inf(arr)))
+        if pc.any(grown).as_py():
+            bad = arr.filter(grown)[0].as_py()
+            raise PlanError(path, f"{bad!r} is out of the range of Avro float")
+        return out
+
+    return norm
 
 
 def _uuid_storage(arr: Any) -> Any:

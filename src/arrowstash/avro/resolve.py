@@ -76,6 +76,8 @@ def resolve(batch: pa.RecordBatch, writer: SchemaLike, reader: SchemaLike) -> pa
     else:
         column = batch.column(0)
     out = _resolve(column, w.root, r.root, _path(r.root))
+    if isinstance(r.root, Record) and not out.type.num_fields:  # keep the row count
+        return pa.RecordBatch.from_struct_array(out).replace_schema_metadata(target.metadata)
     if isinstance(r.root, Record):
         return pa.RecordBatch.from_arrays(
             [out.field(i) for i in range(out.type.num_fields)], schema=target)

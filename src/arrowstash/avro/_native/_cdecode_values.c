@@ -565,31 +565,47 @@ void cd_presize(Ctx *c, int64_t done_bytes, int64_t left_bytes, double margin) {
  * the range; stop at the first error. */
 int64_t cd_free_items = 1 << 20;
 
+/* Segments ahead of the one decoded whose first bytes are fetched into the cache: a list's
+ * bytes objects lie apart in memory, where the hardware prefetcher does not look. */
+#define PREFETCH_AHEAD 8
+
 void cd_run_range(Ctx *c) {
     int64_t total = 0, done = 0;
     for (int64_t s = c->seg_begin; s < c->seg_end; s++)
         total += c->segs[s].len > 0 ? c->segs[s].len : 0;
     c->free_left = cd_free_items + total; /* (a range run again, for UTF-8, starts over) */
-    int64_t probe = c->seg_begin + (c->seg_end - c->seg_begin) / 32, checked = 0;
+    int64_t probe = c->seg_begin + (c->seg_end - c->seg_begin) / 32;
     int64_t early = c->seg_begin + EARLY_SAMPLE;
-    int check = c->validate_utf8 && !c->strict_utf8;
+    /* the next segment that sizes the buffers, and the input done at the next UTF-8 check:
+     * one comparison each per segment */
+    int64_t event = early < probe ? early : probe;
+    int64_t utf8_at = c->validate_utf8 && !c->strict_utf8 ? UTF8_EVERY : INT64_MAX;
     const Node *root = &c->nodes[0];
     int64_t stop = c->cuttable ? c->seg_begin : c->seg_end;
     for (int64_t s = c->seg_begin;; s++) {
         if (s == stop && (!c->cuttable || !cd_claim(c, &stop))) break;
-        if (s == early && early < probe)
-            cd_presize(c, done, (c->all_bytes ? c->all_bytes : total) - done, EARLY_MARGIN);
-        if (s == probe && s > c->seg_begin)
-            cd_presize(c, done, (c->all_bytes ? c->all_bytes : total) - done, PRESIZE_MARGIN);
-        if (check && done - checked >= UTF8_EVERY) {
-            checked = done;
+        if (__builtin_expect(s == event, 0)) {
+            int first = s == early && early < probe;
+            if (first || s > c->seg_begin)
+                cd_presize(c, done, (c->all_bytes ? c->all_bytes : total) - done,
+                           first ? EARLY_MARGIN : PRESIZE_MARGIN);
+            event = first ? probe : -1;
+        }
+        if (__builtin_expect(done >= utf8_at, 0)) {
+            utf8_at = done + UTF8_EVERY;
             if (!cd_strings_valid(c)) {
                 c->utf8_bad = 1;
                 return;
             }
         }
+        if (s + PREFETCH_AHEAD < c->seg_end) {
+            const Seg *ahead = &c->segs[s + PREFETCH_AHEAD];
+            __builtin_prefetch(ahead->ptr);
+            if (ahead->len > 64) __builtin_prefetch(ahead->ptr + 64);
+        }
         const Seg *seg = &c->segs[s];
         done += seg->len > 0 ? seg->len : 0;
+        /* where an error is, set when there is one (the decoders return NULL) */
         c->err_seg = s;
         c->err_datum = 0;
         if (seg->len < 0) {
@@ -613,9 +629,13 @@ void cd_run_range(Ctx *c) {
                                   (uint32_t)p[3] << 8 | (uint32_t)p[4]);
             p += 5;
         }
-        for (int64_t datum = 0; datum < seg->count; datum++) {
-            c->err_datum = datum;
+        if (__builtin_expect(seg->count == 1, 1)) {
             if (!(p = root->entry(c, root, &c->cols[0], p))) return;
+        } else {
+            for (int64_t datum = 0; datum < seg->count; datum++) {
+                c->err_datum = datum;
+                if (!(p = root->entry(c, root, &c->cols[0], p))) return;
+            }
         }
         if (p != c->end) {
             fail(c, E_TRAILING, p, 0, c->end - p);

@@ -55,6 +55,7 @@ typedef struct Node {
     struct Node *kids;
     const char **sym;      /* K_ENUM_STRING: the symbols */
     Py_ssize_t *sym_len;
+    uint64_t *sym_word;    /* their first 8 bytes, zero-padded: one compare for short ones */
 } Node;
 
 typedef struct Bound {
@@ -65,7 +66,7 @@ typedef struct Bound {
     const uint8_t *valid;  /* NULL when no element is null */
     const uint8_t *b1;     /* values, offsets or type ids */
     const uint8_t *b2;     /* string data or union offsets */
-    const uint8_t *data_end; /* K_BINARY: the end of its last string */
+    const uint8_t *data_end; /* K_BINARY, K_ENUM_STRING: the end of its last string */
     int64_t off;
     int n_kids;
     struct Bound *kids;
@@ -82,6 +83,7 @@ typedef struct {
     int64_t item_off, key_off; /* arrays and maps: their items' (values') and keys' offsets */
     const uint8_t *item_b1, *item_b2, *item_b2_end, *key_b1, *key_b2, *key_b2_end;
     const Bound *b;
+    int skip;              /* S_OPT_RECORD: the columns of its fields, which follow it */
 } Column;
 
 typedef struct {
@@ -103,11 +105,13 @@ typedef struct Writer {
 
 /* The common leaves, and the shapes of columns with code of their own in encode_rows: a leaf,
  * a leaf that may be null or comes with a union index, an array or a map (string keys) of
- * non-null leaves; every other column is S_GENERIC (sized, then written, by the generic
- * functions in _encode_rows.c). Dense numbers: one jump table. */
+ * non-null leaves, a record that may be null or comes with a union index (its union index
+ * only: its fields are the columns after it, skipped when it is null), an enum (index or
+ * symbol), a union of leaves and nulls; every other column is S_GENERIC (sized, then written,
+ * by the generic functions in _encode_rows.c). Dense numbers: one jump table. */
 enum { L_BOOL, L_INT32, L_INT64, L_FLOAT, L_DOUBLE, L_BINARY, N_LEAF };
 enum { S_LEAF = 0, S_OPTIONAL = N_LEAF, S_LIST = 2 * N_LEAF, S_MAP = 3 * N_LEAF,
-       S_GENERIC = 4 * N_LEAF };
+       S_GENERIC = 4 * N_LEAF, S_OPT_RECORD, S_ENUM, S_UNION };
 
 #define BIT(bits, i) (((bits)[(i) >> 3] >> ((i) & 7)) & 1)
 #define INLINE static inline __attribute__((always_inline))

@@ -11,6 +11,7 @@ void ce_free_node(Node *n) {
         for (int64_t k = 0; k < n->p1; k++) free((void *)n->sym[k]);
         free(n->sym);
         free(n->sym_len);
+        free(n->sym_word);
     }
 }
 
@@ -42,7 +43,8 @@ int ce_parse_node(PyObject *t, Node *n) {
         }
         n->sym = calloc((size_t)n->p1 + 1, sizeof(char *));
         n->sym_len = calloc((size_t)n->p1 + 1, sizeof(Py_ssize_t));
-        if (n->sym == NULL || n->sym_len == NULL) {
+        n->sym_word = calloc((size_t)n->p1 + 1, sizeof(uint64_t));
+        if (n->sym == NULL || n->sym_len == NULL || n->sym_word == NULL) {
             PyErr_NoMemory();
             return -1;
         }
@@ -57,6 +59,7 @@ int ce_parse_node(PyObject *t, Node *n) {
             }
             memcpy((void *)n->sym[k], s, (size_t)len);
             n->sym_len[k] = len;
+            memcpy(&n->sym_word[k], s, (size_t)(len < 8 ? len : 8));
         }
     }
     return 0;
@@ -92,7 +95,7 @@ int ce_bind(Bound *b, const Node *n, const struct ArrowArray *a, int64_t extra_o
         if (want_buf > 1 && b->b1 == NULL && a->length > 0) return layout_error(n, "no data");
         if (b->b2 == NULL && want_buf > 2) b->b2 = (const uint8_t *)"";
         b->data_end = b->b2;
-        if (n->kind == K_BINARY && a->length > 0)
+        if ((n->kind == K_BINARY || n->kind == K_ENUM_STRING) && a->length > 0)
             b->data_end = b->b2 + ((const int32_t *)b->b1)[a->offset + a->length];
     }
     b->kind = n->kind;
@@ -125,13 +128,14 @@ int ce_bind(Bound *b, const Node *n, const struct ArrowArray *a, int64_t extra_o
 }
 
 /* The nodes that occur once per row: the fields of the top-level record, and of the records
- * (never null, no union index) nested in them; `base` is where row 0 lies in b's coordinates. */
+ * nested in them, a record that may be null (or has a union index) first as a column of its
+ * own; `base` is where row 0 lies in b's coordinates. */
 int ce_flatten(const Bound *b, int64_t base, Column *out) {
     if (b->kind != K_RECORD || b->optional) {
         if (out) {
             memset(out, 0, sizeof(*out));
             out->b = b;
-            out->shape = ce_column_shape(b);
+            out->shape = b->kind == K_RECORD ? S_OPT_RECORD : ce_column_shape(b);
             out->at = base + b->off;
             out->optional = b->optional;
             out->null_byte = b->null_byte;
@@ -152,10 +156,11 @@ int ce_flatten(const Bound *b, int64_t base, Column *out) {
                 out->key_b2_end = key->data_end;
             }
         }
-        return 1;
+        if (b->kind != K_RECORD) return 1;
     }
-    int count = 0;
+    int own = b->kind == K_RECORD && b->optional, count = own;
     for (int k = 0; k < b->n_kids; k++)
         count += ce_flatten(&b->kids[k], base + b->off, out ? out + count : NULL);
+    if (own && out) out->skip = count - 1;
     return count;
 }

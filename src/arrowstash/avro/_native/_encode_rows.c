@@ -75,11 +75,21 @@ INLINE int64_t size_element(Writer *w, const Bound *b, int64_t i, int kind) {
 
 #define SIZE_OF(kid, at) size_element(w, (kid), (at), (kid)->kind)
 
-static int64_t enum_symbol(const Bound *b, int64_t p) {
+/* The index of the symbol at p, or -1. A symbol of up to 8 bytes is matched as one word
+ * (and its length) when the string has 8 bytes to read: enums are short. */
+INLINE int64_t enum_symbol(const Bound *b, int64_t p) {
     const Node *n = b->n;
     const int32_t *o = (const int32_t *)b->b1 + p;
     const uint8_t *s = b->b2 + o[0];
     Py_ssize_t len = o[1] - o[0];
+    if (len <= 8 && s + 8 <= b->data_end) {
+        uint64_t word;
+        memcpy(&word, s, 8);
+        word &= len == 8 ? ~0ull : (1ull << (8 * len)) - 1;
+        for (int64_t k = 0; k < n->p1; k++)
+            if (n->sym_word[k] == word && n->sym_len[k] == len) return k;
+        return -1;
+    }
     for (int64_t k = 0; k < n->p1; k++)
         if (n->sym_len[k] == len && memcmp(n->sym[k], s, (size_t)len) == 0) return k;
     return -1;
@@ -318,6 +328,15 @@ int ce_column_shape(const Bound *b) {
     int leaf = leaf_index(b);
     if (leaf >= 0) return (b->optional ? S_OPTIONAL : S_LEAF) + leaf;
     if (b->optional) return S_GENERIC;
+    if (b->kind == K_ENUM || b->kind == K_ENUM_STRING) return S_ENUM;
+    if (b->kind == K_UNION) {
+        for (int k = 0; k < b->n_kids; k++) {
+            const Bound *kid = &b->kids[k];
+            if (kid->value_byte >= 0 || (kid->kind != K_NULL && leaf_index(kid) < 0))
+                return S_GENERIC;
+        }
+        return S_UNION;
+    }
     const Bound *k0 = b->n_kids > 0 ? &b->kids[0] : NULL, *k1 = b->n_kids > 1 ? &b->kids[1] : NULL;
     if (b->kind == K_ARRAY && !k0->optional && leaf_index(k0) >= 0) return S_LIST + leaf_index(k0);
     if (b->kind == K_MAP && !k0->optional && k0->kind == K_BINARY && !k1->optional &&
@@ -432,7 +451,9 @@ INLINE int64_t leaf_need(int leaf, const uint8_t *b1, int64_t j0, int64_t j1) {
 int64_t ce_column_bound(int shape) {
     static const int64_t leaf[N_LEAF] = {1, 10, 10, 4, 8, 65};
     if (shape < S_LIST) return 1 + leaf[shape % N_LEAF];
-    return shape < S_GENERIC ? 1 : 0;
+    if (shape == S_ENUM) return 10;
+    if (shape == S_UNION) return 1 + leaf[L_BINARY];
+    return shape != S_GENERIC ? 1 : 0;
 }
 
 /* Grows the writer (a cold call) unless `need` bytes, then `bound` (what the rest of the row
@@ -541,9 +562,51 @@ HOT_CLONES static int encode_rows(Writer *w, const Column *cols, int n_cols, int
             LEAF(L_DOUBLE)
             LEAF(L_BINARY)
 #undef LEAF
+            case S_OPT_RECORD:
+                if (c->valid != NULL && !BIT(c->valid, p)) {
+                    if (c->null_byte < 0) FAIL_ROW(c->b->n, E_NULL, p - c->b->off, 0);
+                    *d++ = (uint8_t)c->null_byte;
+                    c += c->skip; /* its fields: nothing to write */
+                    break;
+                }
+                if (c->value_byte >= 0) *d++ = (uint8_t)c->value_byte;
+                break;
+            case S_ENUM: {
+                const Bound *b = c->b;
+                int64_t k = b->kind == K_ENUM ? ((const int32_t *)c->b1)[p] : enum_symbol(b, p);
+                if (k < 0 || k >= b->n->p1) {
+                    if (b->kind == K_ENUM) FAIL_ROW(b->n, E_ENUM_INDEX, p - b->off, k);
+                    FAIL_ROW(b->n, E_ENUM_SYMBOL, p - b->off, 0);
+                }
+                d = put_varint_fast(d, (uint64_t)k << 1);
+                break;
+            }
+            case S_UNION: { /* branches that are leaves or null, checked as size_node does */
+                const Bound *u = c->b;
+                int8_t t = ((const int8_t *)c->b1)[p];
+                if (t < 0 || t >= u->n_kids) FAIL_ROW(u->n, E_UNION, p - u->off, t);
+                const Bound *kid = &u->kids[t];
+                int64_t q = kid->off + (c->b2 ? ((const int32_t *)c->b2)[p] : p);
+                if (kid->valid != NULL && !BIT(kid->valid, q)) goto generic; /* a null value */
+                *d++ = (uint8_t)(t << 1);
+                if (kid->kind == K_NULL) break;
+                int leaf = leaf_index(kid);
+                if (leaf == L_BINARY) {
+                    const int32_t *o = (const int32_t *)kid->b1 + q;
+                    int64_t n = (int64_t)o[1] - o[0];
+                    if (__builtin_expect(n >= 64, 0)) {
+                        RESERVE(n + 10);
+                        d = put_bytes(d, kid->b2 + o[0], n);
+                        break;
+                    }
+                }
+                d = put_leaf(d, leaf, kid->b1, kid->b2, kid->data_end, q);
+                break;
+            }
             default: /* no other shape: no bounds check before the jump table */
                 __builtin_unreachable();
-            case S_GENERIC: {
+            case S_GENERIC:
+            generic: {
                 int64_t i = p - c->b->off, s = size_element(w, c->b, i, c->b->kind);
                 if (s < 0) {
                     w->err_row = row0 + (r - lo);
