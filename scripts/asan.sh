@@ -15,8 +15,8 @@ include=$("$py" -c "import sysconfig; print(sysconfig.get_path('include'))")
 suffix=$("$py" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 flags=(-shared -fPIC -g -O1 -pthread -fno-omit-frame-pointer -fsanitize=address,undefined
        -fno-sanitize-recover=undefined -Wall -Wno-missing-field-initializers -I"$include")
-gcc "${flags[@]}" src/arrowstash/avro/_cdecode*.c -o "$scratch/src/arrowstash/avro/_cdecode$suffix"
-gcc "${flags[@]}" src/arrowstash/avro/_encode*.c -o "$scratch/src/arrowstash/avro/_cencode$suffix"
+gcc "${flags[@]}" src/arrowstash/avro/_native/_cdecode*.c -o "$scratch/src/arrowstash/avro/_native/_cdecode$suffix"
+gcc "${flags[@]}" src/arrowstash/avro/_native/_encode*.c -o "$scratch/src/arrowstash/avro/_native/_cencode$suffix"
 # Python itself is not instrumented: the ASan runtime must be loaded first; CPython's own
 # allocations are not leaks to report.
 export LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
