@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from arrowstash.avro.decoder import decode
@@ -390,7 +390,12 @@ def test_generated_schema_evolutions_resolve_like_fastavro(data: st.DataObject) 
     messages = []
     for row in rows:
         buffer = io.BytesIO()
-        fastavro.schemaless_writer(buffer, parsed, row)
+        try:
+            fastavro.schemaless_writer(buffer, parsed, row)
+        except (TypeError, ValueError, AttributeError):
+            # fastavro picks a union's branch by its own matching: a string can land on a date
+            # branch and fail there; the reference cannot write this row, so it proves nothing
+            assume(False)
         messages.append(buffer.getvalue())
     ours = decode(messages, w, reader_schema=reader)
     assert ours.schema == parse_schema(reader).arrow_schema
