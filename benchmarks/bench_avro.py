@@ -52,6 +52,7 @@ from _avro_measure import (
     quiet_call,
     run_counts,
 )
+from _charts import chart, plot_option
 from arrowstash.avro import parse_schema
 from arrowstash.avro.decoder import decode, native_available
 from arrowstash.avro.encoder import encode
@@ -344,7 +345,8 @@ def cg_main(argv: list[str]) -> None:
 # -- main -------------------------------------------------------------------------------------
 
 def run_workload(w: Workload, msgs: list[bytes], rows: list[dict[str, Any]], rounds: int,
-                 instr: dict[str, float] | str) -> tuple[list[Verdict], dict[str, Result]]:
+                 instr: dict[str, float] | str, plot: str | None = None
+                 ) -> tuple[list[Verdict], dict[str, Result]]:
     name, few = w[0], len(rows)
     contenders, counts, source = contenders_of(name, msgs, rows, few)
     results = interleaved(contenders, rounds)
@@ -353,6 +355,14 @@ def run_workload(w: Workload, msgs: list[bytes], rows: list[dict[str, Any]], rou
     head = f"{title}: {len(msgs):,} messages of {size:.1f} bytes on average, per {PER:,}"
     print_table(head, "decode", results, counts, instr, len(msgs))
     print_table(head, "encode", results, counts, instr, len(msgs))
+    for verb in ("decode", "encode"):
+        timed = {key: r for key, r in results.items()
+                 if key.startswith(f"{verb}: ") and isinstance(r, Timing)}
+        chart(plot, f"avro_{verb}_{name}_{'non_ascii' if w[1] else 'ascii'}",
+              f"{verb} {title}, per {PER:,} messages (medians)",
+              [key.split(": ", 1)[1] for key in timed],
+              {"wall": [r.wall * PER / counts[key] for key, r in timed.items()],
+               "CPU": [r.cpu * PER / counts[key] for key, r in timed.items()]})
     print(f"\nEncoders' input: {source}. fastavro ran on {few:,} messages.")
     same = encode(decode(msgs, parse_schema(SCHEMAS[name]), threads=1), SCHEMAS[name])
     print(f"arrowstash's encode of its decode is byte-identical to fastavro's messages: "
@@ -377,6 +387,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--callgrind", action=argparse.BooleanOptionalAction, default=None,
                         help="count instructions (default: on in the full run)")
     parser.add_argument("--only", choices=list(SCHEMAS), help="run only this schema")
+    plot_option(parser)
     return parser.parse_args()
 
 
@@ -404,7 +415,7 @@ def main() -> None:
         verdicts: list[Verdict] = []
         rows = []
         for w, msgs in data.items():
-            v, results = run_workload(w, msgs, firsts[w], rounds, instr[w])
+            v, results = run_workload(w, msgs, firsts[w], rounds, instr[w], args.plot)
             verdicts += v
             rows.append(summary_row(label(*w), results, instr[w]))
             if w == ("events", False):
