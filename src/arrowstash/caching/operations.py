@@ -81,14 +81,35 @@ class Spawn(NamedTuple):
 Op = Generator[Any, Any, Any]
 
 
+#: A call's first look, as ``call`` takes it from a driver that took it itself: the value (or
+#: MISSING, UNREACHABLE), its expiry, and whether L1 held it. A plain tuple: a NamedTuple's
+#: constructor would cost a tenth of a File hit.
+Looked = tuple[Any, float, bool]
+
+
+def settled(core: Core, looked: Looked, started: float) -> bool:
+    """Whether a first look ends the call with no step left, as ``call`` would end it: a value
+    found and no refresh policy to consult. The hit is then counted."""
+    value = looked[0]
+    if value is MISSING or value is UNREACHABLE or core.freshness is not None:
+        return False
+    core.record_hit(started, looked[2])
+    return True
+
+
 def call(core: Core, digest: bytes, args: tuple[Any, ...], kwargs: dict[str, Any],
-         started: float) -> Op:
-    """A call of the cached function: a hit from L1 or the backend, else a miss."""
-    value, expires = core.l1_entry(digest)
-    layer_l1 = value is not MISSING
+         started: float, looked: Looked | None = None) -> Op:
+    """A call of the cached function: a hit from L1 or the backend, else a miss. ``looked`` is
+    the first look (L1, then the backend) when the driver has taken it (see ``Looked``)."""
     key = core.key(digest)
+    if looked is not None:
+        value, expires, layer_l1 = looked
+    else:
+        value, expires = core.l1_entry(digest)
+        layer_l1 = value is not MISSING
+        if not layer_l1:
+            value, expires = yield from read(core, key, report=True)
     if not layer_l1:
-        value, expires = yield from read(core, key, report=True)
         if value is UNREACHABLE:  # the backend is failing: compute without it
             value = yield Call(args, kwargs)
             yield from store(core, key, value, to_backend=False)

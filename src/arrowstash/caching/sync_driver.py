@@ -9,9 +9,38 @@ from typing import Any
 
 from arrowstash.backends.base import Held
 from arrowstash.caching import operations as ops
-from arrowstash.caching.pipeline import Core
+from arrowstash.caching.pipeline import MISSING, Core
 from arrowstash.entry.format import Key
 from arrowstash.errors import BackendError
+
+
+def call(core: Core, digest: bytes, args: tuple[Any, ...], kwargs: dict[str, Any],
+         started: float) -> Any:
+    """``ops.call`` with its first look taken here, stage by stage: a hit (the common call)
+    then costs no generator, and the operation runs only for what is left."""
+    looked = _look(core, digest)
+    if ops.settled(core, looked, started):
+        return looked[0]
+    return run(core, ops.call(core, digest, args, kwargs, started, looked))
+
+
+def _look(core: Core, digest: bytes) -> ops.Looked:
+    """The first look of ``ops.call`` (L1, then ``ops.read``'s one Get), run directly: the same
+    stages of ``Core``, in the same order, with a large entry decoded inline as Aside is."""
+    value, expires = core.l1_entry(digest)
+    if value is not MISSING:
+        return value, expires, True
+    backend = core.backend
+    if backend is None:
+        return MISSING, 0.0, False
+    key = core.key(digest)
+    try:
+        stored = backend.get(key)
+    except BackendError as exc:
+        value, expires = core.read_failed(key, exc, True)
+    else:
+        value, expires = core.load_entry(key, stored, True)
+    return value, expires, False
 
 
 def run(core: Core, op: ops.Op) -> Any:
