@@ -16,7 +16,7 @@ from arrowstash.errors import BackendError
 
 #: The stampede locks one run holds, by key.
 Locks = dict[Key, AbstractContextManager[Held]]
-Handler = Callable[[Core, Any, Locks], Any]
+Handler = Callable[[Core, ops.Step, Locks], Any]
 
 
 def call(core: Core, digest: bytes, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -64,51 +64,54 @@ def run(core: Core, op: ops.Op) -> Any:
             return done.value
         result = error = None
         try:
-            result = steps.get(type(step), _unknown)(core, step, locks)
+            result = steps.get(step[0], _unknown)(core, step, locks)
         except BaseException as exc:  # the function's own, or a backend's: the op decides
             error = exc
 
 
-def _get(core: Core, step: ops.Get, locks: Locks) -> Any:
-    return core.backend.get(step.key)  # type: ignore[union-attr]  # yielded with a backend
+def _get(core: Core, step: ops.Step, locks: Locks) -> Any:
+    return core.backend.get(step[1])  # type: ignore[union-attr]  # yielded with a backend
 
 
-def _aside(core: Core, step: ops.Aside, locks: Locks) -> Any:
-    return step.func(*step.args)
+def _aside(core: Core, step: ops.Step, locks: Locks) -> Any:
+    _, func, args = step
+    return func(*args)
 
 
-def _call(core: Core, step: ops.Call, locks: Locks) -> Any:
-    return core.func(*step.args, **step.kwargs)
+def _call(core: Core, step: ops.Step, locks: Locks) -> Any:
+    _, args, kwargs = step
+    return core.func(*args, **kwargs)
 
 
-def _put(core: Core, step: ops.Put, locks: Locks) -> Any:
-    return core.backend.set(step.prepared.writer(step.key))  # type: ignore[union-attr]
+def _put(core: Core, step: ops.Step, locks: Locks) -> Any:
+    _, key, prepared = step
+    return core.backend.set(prepared.writer(key))  # type: ignore[union-attr]
 
 
-def _join(core: Core, step: ops.Join, locks: Locks) -> bool:
-    return core.flights.enter(step.digest)
+def _join(core: Core, step: ops.Step, locks: Locks) -> bool:
+    return core.flights.enter(step[1])
 
 
-def _leave(core: Core, step: ops.Leave, locks: Locks) -> None:
-    core.flights.leave(step.digest)
+def _leave(core: Core, step: ops.Step, locks: Locks) -> None:
+    core.flights.leave(step[1])
 
 
-def _take(core: Core, step: ops.Lock, locks: Locks) -> Held:
-    return _lock(core, step.key, locks)
+def _take(core: Core, step: ops.Step, locks: Locks) -> Held:
+    return _lock(core, step[1], locks)
 
 
-def _unlock(core: Core, step: ops.Unlock, locks: Locks) -> None:
-    held = locks.pop(step.key, None)
+def _unlock(core: Core, step: ops.Step, locks: Locks) -> None:
+    held = locks.pop(step[1], None)
     if held is not None:
         held.__exit__(None, None, None)
 
 
-def _spawn(core: Core, step: ops.Spawn, locks: Locks) -> None:
-    threading.Thread(target=run, args=(core, step.operation),
+def _spawn(core: Core, step: ops.Step, locks: Locks) -> None:
+    threading.Thread(target=run, args=(core, step[1]),
                      name=f"arrowstash refresh of {core.name}", daemon=True).start()
 
 
-def _unknown(core: Core, step: Any, locks: Locks) -> Any:
+def _unknown(core: Core, step: ops.Step, locks: Locks) -> Any:
     raise TypeError(f"unknown step {step!r}")
 
 
