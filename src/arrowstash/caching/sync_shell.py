@@ -24,6 +24,10 @@ _now = time.time
 class CachedFunction:
     """A cached function: call it like the original; the methods below manage its entries."""
 
+    # What every call reads, in slots: an attribute of the instance dict
+    # (which functools.update_wrapper fills) costs a dict lookup each time.
+    __slots__ = ("__dict__", "__weakref__", "_code", "_core", "_fast", "_recency", "_stats")
+
     def __init__(self, core: Core) -> None:
         self._core = core
         # bound once: the fast path reads them on every call
