@@ -156,7 +156,8 @@ class Contender:
     fn: Func
     runs: list[int]  # how many times the body ran
     batch: int = 0
-    times: list[float] = field(default_factory=list)  # ns per call, one per batch
+    times: list[float] = field(default_factory=list)  # wall ns per call, one per batch
+    cpu: list[float] = field(default_factory=list)  # this thread's CPU ns per call, likewise
 
 
 def counted_body(slug: int) -> tuple[Func, list[int]]:
@@ -181,12 +182,14 @@ def check(c: Contender) -> None:
             raise SystemExit(f"{c.spec.name}: hits not served by the expected layer: {info}")
 
 
-def time_calls(fn: Func, n: int) -> int:
-    """Nanoseconds that n calls of fn(ARG) take."""
+def time_calls(fn: Func, n: int) -> tuple[int, int]:
+    """Nanoseconds that n calls of fn(ARG) take: wall, and this thread's CPU time (which the
+    other processes of a loaded machine disturb less)."""
+    cpu = time.thread_time_ns()
     start = time.perf_counter_ns()
     for _ in itertools.repeat(None, n):
         fn(ARG)
-    return time.perf_counter_ns() - start
+    return time.perf_counter_ns() - start, time.thread_time_ns() - cpu
 
 
 def warm(c: Contender, batch_ns: float) -> None:
@@ -195,7 +198,7 @@ def warm(c: Contender, batch_ns: float) -> None:
     if c.fn(ARG) != expected(ARG):
         raise SystemExit(f"{c.spec.name}: wrong result")
     n = 16
-    while (elapsed := time_calls(c.fn, n)) < batch_ns / 4:
+    while (elapsed := time_calls(c.fn, n)[0]) < batch_ns / 4:
         n *= 2
     check(c)
     c.batch = max(20, round(n * batch_ns / elapsed))
@@ -207,7 +210,9 @@ def measure(contenders: list[Contender], rounds: int) -> None:
         shift = r % len(contenders)
         for c in contenders[shift:] + contenders[:shift]:
             metrics_for(c)
-            c.times.append(time_calls(c.fn, c.batch) / c.batch)
+            wall, cpu = time_calls(c.fn, c.batch)
+            c.times.append(wall / c.batch)
+            c.cpu.append(cpu / c.batch)
 
 
 def version(package: str) -> str:
@@ -219,14 +224,16 @@ def report(contenders: list[Contender], rounds: int) -> None:
     packages = dict.fromkeys(c.spec.package for c in contenders if c.spec.package)
     print(f"\nPython {platform.python_version()}, " + ", ".join(map(version, packages)))
     print(f"median of {rounds} interleaved batches per contender; ratio = peer / arrowstash\n")
-    print("| contender | median µs/call | p10-p90 µs | calls/batch | ratio vs arrowstash |")
-    print("|---|---:|---:|---:|---|")
+    print("| contender | median µs/call | p10-p90 µs | CPU µs/call | calls/batch "
+          "| ratio vs arrowstash |")
+    print("|---|---:|---:|---:|---:|---|")
     for c in contenders:
         deciles = statistics.quantiles(c.times, n=10)
         base = c.spec.baseline
         ratio = "—" if base is None else f"{median[c.spec.name] / median[base]:.2f}x {base}"
         print(f"| {c.spec.name} | {median[c.spec.name]:.2f} "
-              f"| {deciles[0] / 1000:.2f}-{deciles[-1] / 1000:.2f} | {c.batch} | {ratio} |")
+              f"| {deciles[0] / 1000:.2f}-{deciles[-1] / 1000:.2f} "
+              f"| {statistics.median(c.cpu) / 1000:.2f} | {c.batch} | {ratio} |")
     print("\nTargets:")
     for label, peer, mode, need in TARGETS:
         if peer not in median:

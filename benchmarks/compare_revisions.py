@@ -29,6 +29,12 @@ WORKLOADS = {
     "L1 hit (backend=None)": (
         "f = cache(backend=None)(lambda x: {'id': x, 'tags': ['a', 'b']}); f(7)",
         "f(7)", 4000),
+    # the function reads a helper of its module: the fast path tests that it was not rebound
+    # (code-aware keys, which the first release did not have)
+    "L1 hit, reading a module helper": (
+        "def tags(): return ['a', 'b']\n"
+        "f = cache(backend=None)(lambda x: {'id': x, 'tags': tags()}); f(7)",
+        "f(7)", 4000),
     "File hit (l1=False)": (
         "f = cache(backend=FileBackend(tmp), l1=False)(lambda x: {'id': x}); f(7)",
         "f(7)", 400),

@@ -41,38 +41,42 @@ class _State:
         self.flights: dict[bytes, asyncio.Future[None]] = {}
 
 
-async def _run_step(core: Core, step: Any, state: _State) -> Any:
-    kind = type(step)
+async def _run_step(core: Core, step: ops.Step, state: _State) -> Any:
+    kind = step[0]
     backend = core.backend
     native = backend is not None and backend.capabilities.async_io
     if kind is ops.Get:
         assert backend is not None
         if native:
-            return await cast(AsyncBackend, backend).aget(step.key)
-        return await asyncio.to_thread(backend.get, step.key)
+            return await cast(AsyncBackend, backend).aget(step[1])
+        return await asyncio.to_thread(backend.get, step[1])
     if kind is ops.Aside:
-        return await asyncio.to_thread(step.func, *step.args)
+        _, func, args = step
+        return await asyncio.to_thread(func, *args)
     if kind is ops.Call:
-        return await core.func(*step.args, **step.kwargs)
+        _, args, kwargs = step
+        return await core.func(*args, **kwargs)
     if kind is ops.Put:
         assert backend is not None
-        entry = step.prepared.writer(step.key)
+        _, key, prepared = step
+        entry = prepared.writer(key)
         if native:
             return await cast(AsyncBackend, backend).aset(entry)
         return await asyncio.to_thread(backend.set, entry)
     if kind is ops.Join:
-        return await _join(core, step.digest, state)
+        return await _join(core, step[1], state)
     if kind is ops.Leave:
+        digest = step[1]
         loop_flights = core.loop_flights[asyncio.get_running_loop()]
-        del loop_flights[step.digest]
-        state.flights.pop(step.digest).set_result(None)
+        del loop_flights[digest]
+        state.flights.pop(digest).set_result(None)
         return None
     if kind is ops.Lock:
-        return await _lock(core, step.key, state)
+        return await _lock(core, step[1], state)
     if kind is ops.Unlock:
-        return await _unlock(core, step.key, state)
+        return await _unlock(core, step[1], state)
     if kind is ops.Spawn:
-        task = asyncio.get_running_loop().create_task(run(core, step.operation))
+        task = asyncio.get_running_loop().create_task(run(core, step[1]))
         core.background.add(task)
         task.add_done_callback(core.background.discard)
         return None

@@ -212,7 +212,7 @@ class CodeTracker:
             return True
         if getattr(self.func, "__code__", None) is not self.source:
             return True
-        return any(scope.get(name, _GONE) is not value for scope, name, value in self.others)
+        return bool(self.others) and any(s.get(n, _GONE) is not v for s, n, v in self.others)
 
     def update(self) -> bytes:
         """Recompute the fingerprint and what the fast test reads; return the fingerprint."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator
-from typing import Any, NamedTuple
+from typing import Any
 
 from arrowstash.backends.base import Held, Stored
 from arrowstash.caching.pipeline import ABSENT, MISSING, UNREACHABLE, Core, Prepared
@@ -22,75 +22,87 @@ from arrowstash.errors import BackendError, SerializationError
 DECODE_ASIDE = 1 << 20
 
 
-class Get(NamedTuple):
-    """Read the stored bytes of ``key`` (Stored or None; BackendError thrown in)."""
-
-    key: Key
+# The steps. An operation yields a plain tuple headed by the step's kind, e.g. ``(Get, key)``:
+# a NamedTuple's constructor would cost more than its driver's work (a sixth of a store).
 
 
-class Put(NamedTuple):
-    """Write a prepared entry; sent its size in bytes."""
-
-    key: Key
-    prepared: Prepared
+class Get:
+    """``(Get, key)``: read the stored bytes of ``key`` (Stored or None; BackendError thrown
+    in)."""
 
 
-class Aside(NamedTuple):
-    """Run ``func(*args)``, which may take long (encoding, decoding a large entry): inline for
-    sync callers, in a worker thread for async ones."""
-
-    func: Any
-    args: tuple[Any, ...]
+class Put:
+    """``(Put, key, prepared)``: write a prepared entry; sent its size in bytes."""
 
 
-class Call(NamedTuple):
-    """Run the cached function itself (awaited for an async one)."""
-
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
+class Aside:
+    """``(Aside, func, args)``: run ``func(*args)``, which may take long (encoding, decoding a
+    large entry): inline for sync callers, in a worker thread for async ones."""
 
 
-class Join(NamedTuple):
-    """Become this process's one computer of ``digest``; sent whether another caller held it
-    first (then it may have stored the value meanwhile)."""
-
-    digest: bytes
+class Call:
+    """``(Call, args, kwargs)``: run the cached function itself (awaited for an async one)."""
 
 
-class Leave(NamedTuple):
-    digest: bytes
+class Join:
+    """``(Join, digest)``: become this process's one computer of ``digest``; sent whether
+    another caller held it first (then it may have stored the value meanwhile)."""
 
 
-class Lock(NamedTuple):
-    """Take the backend's stampede lock of ``key``: sent a Held (TIMEOUT where the lock could
-    not be taken, after logging why)."""
-
-    key: Key
+class Leave:
+    """``(Leave, digest)``: end what Join began."""
 
 
-class Unlock(NamedTuple):
-    key: Key
+class Lock:
+    """``(Lock, key)``: take the backend's stampede lock of ``key``: sent a Held (TIMEOUT where
+    the lock could not be taken, after logging why)."""
 
 
-class Spawn(NamedTuple):
-    """Run another operation in the background (a thread, or a task on the caller's loop)."""
-
-    operation: Any
+class Unlock:
+    """``(Unlock, key)``: release what Lock took, if it took it."""
 
 
+class Spawn:
+    """``(Spawn, operation)``: run another operation in the background (a thread, or a task on
+    the caller's loop)."""
+
+
+#: A step: its kind (one of the classes above), then its fields.
+Step = tuple[Any, ...]
 Op = Generator[Any, Any, Any]
 
 
+#: A call's first look, as ``call`` takes it from a driver that took it itself: the value (or
+#: MISSING, UNREACHABLE), its expiry, and whether L1 held it. A plain tuple: a NamedTuple's
+#: constructor would cost a tenth of a File hit.
+Looked = tuple[Any, float, bool]
+
+
+def settled(core: Core, looked: Looked, started: float) -> bool:
+    """Whether a first look ends the call with no step left, as ``call`` would end it: a value
+    found and no refresh policy to consult. The hit is then counted."""
+    value = looked[0]
+    if value is MISSING or value is UNREACHABLE or core.freshness is not None:
+        return False
+    core.record_hit(started, looked[2])
+    return True
+
+
 def call(core: Core, digest: bytes, args: tuple[Any, ...], kwargs: dict[str, Any],
-         started: float) -> Op:
-    """A call of the cached function: a hit from L1 or the backend, else a miss."""
-    value, expires = core.l1_entry(digest)
-    layer_l1 = value is not MISSING
+         started: float, looked: Looked | None = None) -> Op:
+    """A call of the cached function: a hit from L1 or the backend, else a miss. ``looked`` is
+    the first look (L1, then the backend) when the driver has taken it (see ``Looked``)."""
     key = core.key(digest)
+    if looked is not None:
+        value, expires, layer_l1 = looked
+    else:
+        value, expires = core.l1_entry(digest)
+        layer_l1 = value is not MISSING
+        if not layer_l1:
+            value, expires = yield from read(core, key, report=True)
     if not layer_l1:
-        value, expires = yield from read(core, key, report=True)
         if value is UNREACHABLE:  # the backend is failing: compute without it
-            value = yield Call(args, kwargs)
+            value = yield Call, args, kwargs
             yield from store(core, key, value, to_backend=False)
             core.record_miss(started)
             return value
@@ -99,7 +111,7 @@ def call(core: Core, digest: bytes, args: tuple[Any, ...], kwargs: dict[str, Any
     freshness = core.freshness
     if freshness is not None and freshness.due(expires, time.time()) \
             and freshness.claim(digest):
-        yield Spawn(refresh_in_background(core, key, args, kwargs))
+        yield Spawn, refresh_in_background(core, key, args, kwargs)
     core.record_hit(started, layer_l1)
     return value
 
@@ -108,7 +120,7 @@ def miss(core: Core, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any],
          started: float) -> Op:
     """After a first look found nothing: one caller per key computes, the others wait for its
     value (threads and tasks in this process, then other processes through the backend)."""
-    waited = yield Join(key.digest)
+    waited = yield Join, key.digest
     try:
         if waited:  # another caller may have stored it while we waited
             value = core.l1_entry(key.digest)[0]
@@ -117,21 +129,21 @@ def miss(core: Core, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any],
             if value is not MISSING:
                 core.record_hit(started, False)
                 return value
-        held = yield Lock(key)
+        held = yield Lock, key
         try:
             if held is not Held.FREE:  # another process may have stored it meanwhile
                 value = (yield from read(core, key, report=False))[0]
                 if value is not MISSING:
                     core.record_hit(started, False)
                     return value
-            value = yield Call(args, kwargs)
+            value = yield Call, args, kwargs
             yield from store(core, key, value)
             core.record_miss(started)
             return value
         finally:
-            yield Unlock(key)
+            yield Unlock, key
     finally:
-        yield Leave(key.digest)
+        yield Leave, key.digest
 
 
 def read(core: Core, key: Key, report: bool) -> Op:
@@ -141,12 +153,11 @@ def read(core: Core, key: Key, report: bool) -> Op:
     if core.backend is None:
         return ABSENT
     try:
-        # tuple.__new__: the NamedTuple's Python-level __new__ would be a tenth of a File hit
-        stored: Stored | None = yield tuple.__new__(Get, (key,))
+        stored: Stored | None = yield Get, key
     except BackendError as exc:
         return core.read_failed(key, exc, report)
     if stored is not None and stored.data.nbytes >= DECODE_ASIDE:
-        return (yield Aside(core.load_entry, (key, stored, report)))
+        return (yield Aside, core.load_entry, (key, stored, report))
     return core.load_entry(key, stored, report)
 
 
@@ -154,12 +165,12 @@ def store(core: Core, key: Key, value: Any, to_backend: bool = True) -> Op:
     """Encode ``value`` and store it (in L1 too); a refusal or failure is logged, not raised,
     unless the function is strict."""
     started = time.perf_counter()
-    prepared: Prepared | None = yield Aside(core.prepare, (key, value, to_backend))
+    prepared: Prepared | None = yield Aside, core.prepare, (key, value, to_backend)
     if prepared is None:
         return
     if core.backend is not None and to_backend:
         try:
-            core.stats.bytes_stored += yield Put(key, prepared)
+            core.stats.bytes_stored += yield Put, key, prepared
         except (SerializationError, BackendError) as exc:
             core.write_failed(key, value, exc)
             return
@@ -168,7 +179,7 @@ def store(core: Core, key: Key, value: Any, to_backend: bool = True) -> Op:
 
 def recompute(core: Core, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Op:
     """``refresh()``: run the function and store its value, whatever is stored."""
-    value = yield Call(args, kwargs)
+    value = yield Call, args, kwargs
     yield from store(core, key, value)
     return value
 
@@ -181,16 +192,16 @@ def refresh_in_background(core: Core, key: Key, args: tuple[Any, ...],
     freshness = core.freshness
     assert freshness is not None
     try:
-        held = yield Lock(key)
+        held = yield Lock, key
         try:
             if held:
                 value, expires = yield from read(core, key, report=False)
                 if value is MISSING or freshness.due(expires, time.time()):
-                    value = yield Call(args, kwargs)
+                    value = yield Call, args, kwargs
                     core.stats.refreshes += 1  # counted before the new value shows
                     yield from store(core, key, value)
         finally:
-            yield Unlock(key)
+            yield Unlock, key
     except Exception as exc:  # the function's own errors: a background refresh ends here
         core.error("refresh", "background refresh failed, the stale value stays", key, exc)
     finally:

@@ -13,6 +13,7 @@ from typing import Any
 
 from arrowstash.caching import observers, sync_driver
 from arrowstash.caching import operations as ops
+from arrowstash.caching.code import CodeTracker
 from arrowstash.caching.pipeline import CacheInfo, Core
 from arrowstash.entry.format import Key
 
@@ -23,6 +24,10 @@ _now = time.time
 class CachedFunction:
     """A cached function: call it like the original; the methods below manage its entries."""
 
+    # What every call reads, in slots: an attribute of the instance dict
+    # (which functools.update_wrapper fills) costs a dict lookup each time.
+    __slots__ = ("__dict__", "__weakref__", "_code", "_core", "_fast", "_recency", "_stats")
+
     def __init__(self, core: Core) -> None:
         self._core = core
         # bound once: the fast path reads them on every call
@@ -32,7 +37,9 @@ class CachedFunction:
         self._recency: Callable[..., object] = (
             core.l1.items.move_to_end if core.l1 is not None else bytes
         )
-        self._code = core.code  # the fast path's test of rebound helpers (caching.code)
+        # the fast path's test of rebound helpers (caching.code); None while the tracker reads
+        # no global of the function's module, where the test could never fail (see _call)
+        self._code: CodeTracker | None = None
         self.uncached = core.func
         functools.update_wrapper(self, core.func)
 
@@ -98,8 +105,13 @@ class CachedFunction:
         core = self._core
         started = _clock()
         digest = core.keys(args, kwargs)
-        value = sync_driver.run(core, ops.call(core, digest, args, kwargs, started))
+        value = sync_driver.call(core, digest, args, kwargs, started)
         if not kwargs and self._fast is not None:
+            # Fast entries exist only after a _call, and a new fingerprint clears L1 (fast
+            # entries too): so the test the fast path needs is settled here, for the globals
+            # the tracker reads now.
+            code = core.code
+            self._code = code if code is not None and code.scope else None
             core.l1.alias(args, digest)  # type: ignore[union-attr]  # the next such call is fast
         return value
 
