@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import arrowstash
+from _charts import chart, plot_option
 
 Record = dict[str, Any]
 Func = Callable[[int], Record]
@@ -256,7 +257,9 @@ def report(contenders: list[Contender], rounds: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few repeats: a CI smoke run")
-    quick = parser.parse_args().quick
+    plot_option(parser)
+    args = parser.parse_args()
+    quick = args.quick
     rounds, batch_ns = (9, 10e6) if quick else (101, 30e6)
     with ExitStack() as stack:  # closes the peers' stores, then removes their folders
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-decorator-")))
@@ -276,6 +279,10 @@ def main() -> None:
         for c in contenders:
             check(c)
     report(contenders, rounds)
+    chart(args.plot, "decorator", "a hit of a function of one int (medians)",
+          [c.spec.name for c in contenders],
+          {"wall": [statistics.median(c.times) / 1e9 for c in contenders],
+           "CPU": [statistics.median(c.cpu) / 1e9 for c in contenders]})
 
 
 if __name__ == "__main__":
