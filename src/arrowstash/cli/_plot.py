@@ -31,7 +31,7 @@ def bars(path: str, groups: Sequence[str], series: Mapping[str, Sequence[float]]
                        width, label=name)
         ax.bar_label(drawn, [human_time(s) if s == s else "n/a" for s in seconds],  # nan: none
                      fontsize=8, padding=2)
-    ax.set_xticks(list(range(len(groups))), list(groups))
+    ax.set_xticks(list(range(len(groups))), [g.replace(", ", ",\n") for g in groups])
     ax.set_yscale("log")
     ax.margins(y=0.15)  # room above the tallest bar for its label
     ax.set_ylabel("milliseconds (log scale)")
