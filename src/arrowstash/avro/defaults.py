@@ -86,7 +86,9 @@ def _union(value: Any, t: Union, depth: int) -> Problem | None:
             return None
         misses.append(problem)
     what = f"{_short(value)} fits no branch of {describe(t)}"
-    shapes = (Record, Map) if isinstance(value, Mapping) else Array
+    shapes: Any = (Record, Map) if isinstance(value, Mapping) else ()
+    if isinstance(value, (list, tuple)):
+        shapes = Array
     for branch, (where, why) in zip(t.branches, misses, strict=True):
         if isinstance(branch, shapes):  # a branch of the value's shape: say why it failed
             return "", f"{what} (as {describe(branch)}: {where + ': ' if where else ''}{why})"
