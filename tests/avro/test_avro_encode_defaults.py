@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from arrowstash.avro import encode, read_ocf, write_ocf
-from arrowstash.errors import AvroEncodeError
+from arrowstash.errors import AvroEncodeError, AvroSchemaError
 
 fastavro = pytest.importorskip("fastavro")
 
@@ -126,7 +126,9 @@ def test_a_field_without_default_still_needs_its_column(encoder: str) -> None:
 
 
 def test_a_default_that_does_not_fit_its_type_is_named(encoder: str) -> None:
+    # refused when the schema is parsed, before any column is looked at
     bad = {"type": "record", "name": "Bad", "fields": [
         {"name": "id", "type": "long"}, {"name": "n", "type": "int", "default": "seven"}]}
-    with pytest.raises(AvroEncodeError, match=r"'n'.*default 'seven' does not fit int"):
+    with pytest.raises(AvroSchemaError, match=r"Bad>\.n: bad default for int: expected an "
+                                              r"integer, got \"seven\""):
         encode(pa.table({"id": [1]}), bad)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from arrowstash.avro.defaults import default_problem
 from arrowstash.avro.types import (
     Array,
     AvroType,
@@ -162,7 +163,12 @@ def parse_schema(schema: SchemaLike) -> Schema:
             else:
                 raise AvroSchemaError(f"schema is not valid JSON: {exc}") from exc
     names: dict[str, NamedType] = {}
-    root = _Parser(names).parse(obj, "", "$")
+    parser = _Parser(names)
+    root = parser.parse(obj, "", "$")
+    for path, f in parser.defaults:  # once every type is whole, so recursive ones are too
+        problem = default_problem(f.default, f.type, MAX_DEPTH)
+        if problem is not None:
+            raise parser.fail(path, f"bad default for {describe(f.type)}: {problem}")
     return Schema(root, names)
 
 
@@ -241,6 +247,7 @@ class _Parser:
     def __init__(self, names: dict[str, NamedType]) -> None:
         self.names = names
         self.depth = 0
+        self.defaults: list[tuple[str, Field]] = []  # (path, field) of each field with a default
 
     def fail(self, path: str, message: str) -> AvroSchemaError:
         return AvroSchemaError(f"invalid Avro schema at {path}: {message}")
@@ -385,18 +392,14 @@ class _Parser:
             faliases = f.get("aliases", [])
             if not isinstance(faliases, list):
                 raise self.fail(fpath, "'aliases' must be a list")
-            fields.append(
-                Field(
-                    fname,
-                    self.parse(f["type"], inner, fpath),
-                    has_default="default" in f,
-                    default=f.get("default"),
-                    aliases=tuple(faliases),
-                    doc=f.get("doc"),
-                    order=order,
-                    props=MappingProxyType({k: v for k, v in f.items() if k not in _FIELD_KEYS}),
-                )
+            field = Field(
+                fname, self.parse(f["type"], inner, fpath), has_default="default" in f,
+                default=f.get("default"), aliases=tuple(faliases), doc=f.get("doc"), order=order,
+                props=MappingProxyType({k: v for k, v in f.items() if k not in _FIELD_KEYS}),
             )
+            fields.append(field)
+            if field.has_default:
+                self.defaults.append((fpath, field))
         object.__setattr__(record, "fields", tuple(fields))
         return record
 
