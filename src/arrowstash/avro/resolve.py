@@ -562,8 +562,10 @@ def _scalar(value: Any, t: Primitive | Fixed) -> Any:
         raise TypeError("not a boolean")
     if t.type in ("int", "long") and (isinstance(value, bool) or not isinstance(value, int)):
         raise TypeError("not an integer")
-    if t.type in ("float", "double") and not isinstance(value, (int, float)):
-        raise TypeError("not a number")
+    if t.type in ("float", "double"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError("not a number")
+        return float(value)  # pyarrow refuses an int past 2**24 (float) or 2**53 (double)
     if t.type == "string" and not isinstance(value, str):
         raise TypeError("not a string")
     return value
