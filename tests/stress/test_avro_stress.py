@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from _stress_table import print_table
+
 pytestmark = pytest.mark.slow
 
 FULL = os.environ.get("ARROWSTASH_STRESS") == "full"
@@ -45,12 +47,5 @@ def test_damaged_avro_is_refused_by_our_errors_alike_natively_and_in_python(seed
 @pytest.fixture(scope="module", autouse=True)
 def table(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    capture = request.config.pluginmanager.getplugin("capturemanager")
-    columns = ["seed", "calls", "ok", "rejected", "wrong types", "differ", "slowest s",
-               "peak RSS MB"]
-    lines = ["", "| avro fuzz: " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for row in ROWS:
-        lines.append("| " + " | ".join(f"{row[c]:.3f}" if isinstance(row[c], float)
-                                       else str(row[c]) for c in columns) + " |")
-    with capture.global_and_fixture_disabled():
-        print("\n".join(lines))
+    print_table(request, ["seed", "calls", "ok", "rejected", "wrong types", "differ", "slowest s",
+               "peak RSS MB"], ROWS, digits=3)

@@ -39,6 +39,7 @@ import pytest
 import xxhash
 
 import arrowstash
+from _stress_table import print_table
 from arrowstash import FileBackend
 from arrowstash.backends._file_io import TEMP_FOLDER
 from arrowstash.entry.format import ALIGN, HEADER, Key, entry_bytes, parse_entry
@@ -386,12 +387,5 @@ def test_entries_damaged_in_every_way_under_the_callers(tmp_path: Path, secret: 
 @pytest.fixture(scope="module", autouse=True)
 def table(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    capture = request.config.pluginmanager.getplugin("capturemanager")
-    columns = ["scenario", "calls", "killed/planted", "errors", "wrong", "exceptions",
-               "orphans", "peak MB", "cap MB"]
-    lines = ["", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for row in ROWS:
-        lines.append("| " + " | ".join(f"{row[c]:.1f}" if isinstance(row[c], float)
-                                       else str(row[c]) for c in columns) + " |")
-    with capture.global_and_fixture_disabled():
-        print("\n".join(lines))
+    print_table(request, ["scenario", "calls", "killed/planted", "errors", "wrong", "exceptions",
+               "orphans", "peak MB", "cap MB"], ROWS, digits=1)

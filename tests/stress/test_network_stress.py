@@ -26,6 +26,7 @@ import pytest
 import redis
 
 import arrowstash
+from _stress_table import print_table
 from arrowstash.backends.memcached import MemcachedBackend
 from arrowstash.backends.redis import RedisBackend
 from arrowstash.entry.format import Key, entry_bytes
@@ -130,15 +131,8 @@ def run(name: str, backend: Any, events: list[tuple[float, Callable[[], None]]],
 @pytest.fixture(scope="module", autouse=True)
 def table(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    capture = request.config.pluginmanager.getplugin("capturemanager")
-    columns = ["scenario", "calls", "hits", "errors", "wrong", "exceptions", "p99 ms",
-               "slowest ms"]
-    lines = ["", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for row in ROWS:
-        lines.append("| " + " | ".join(f"{row[c]:.0f}" if isinstance(row[c], float)
-                                       else str(row[c]) for c in columns) + " |")
-    with capture.global_and_fixture_disabled():
-        print("\n".join(lines))
+    print_table(request, ["scenario", "calls", "hits", "errors", "wrong", "exceptions", "p99 ms",
+               "slowest ms"], ROWS, digits=0)
 
 
 def _outage(server: Any) -> list[tuple[float, Callable[[], None]]]:

@@ -33,6 +33,7 @@ from typing import Any
 import xxhash
 
 from arrowstash.backends._breaker import Breaker
+from arrowstash.backends._file_io import FileSink
 from arrowstash.backends._object_stores import (
     CLOUD_SCHEMES,
     OUR_OPTIONS,
@@ -71,21 +72,6 @@ def _scrub(text: str) -> str:
     """A client error's text without URL query strings (presigned URLs and SAS tokens travel
     there) and cut short."""
     return _URLS.sub(r"\1?…", text)[:400]
-
-
-class _SpoolSink:
-    """A temporary file the entry is streamed into; the header is patched in place at the end."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-
-    def write(self, data: Any) -> None:
-        view = memoryview(data)
-        while view.nbytes:
-            view = view[os.write(self._fd, view) :]
-
-    def patch(self, offset: int, data: bytes) -> None:
-        os.pwrite(self._fd, data, offset)
 
 
 @dataclass(frozen=True)
@@ -282,7 +268,7 @@ class ObjectStoreBackend:
         try:
             source = _unlinked(fd, spool)
             try:
-                size = entry.write(_SpoolSink(fd))
+                size = entry.write(FileSink(fd))  # the spool file, its header patched in place
                 with self._call("multipart put"):
                     self._obstore.put(self._store, path, source, chunk_size=tuning.part_bytes,
                                       max_concurrency=tuning.max_concurrency,
