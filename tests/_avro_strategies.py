@@ -228,6 +228,17 @@ def write(schema: Any, records: list[Any]) -> list[bytes]:
     return out
 
 
+def zigzag(n: int) -> bytes:
+    """An Avro long as its bytes (zigzag varint), for hand-made messages."""
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
 @st.composite
 def schema_and_records(draw: st.DrawFn, max_size: int = 6) -> tuple[dict[str, Any], list[Any]]:
     """A schema and records of it that fastavro can write."""

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pytest
 
+from _avro_strategies import zigzag
 from arrowstash.avro import decode, encode, from_arrow_schema, parse_schema, read_ocf, write_ocf
 from arrowstash.avro.decode_plan import SKIP_DEPTH
 from arrowstash.avro.ocf import _header_bytes
@@ -163,16 +164,7 @@ def test_a_container_file_of_too_deep_recursive_values_is_refused(codec: str) ->
     header = _header_bytes({"avro.schema": json.dumps(TREE).encode(), "avro.codec": b"null"},
                            bytes(16))
     datum = _tree(200_000)
-    data = header + b"\x02" + _zigzag(len(datum)) + datum + bytes(16)
+    data = header + b"\x02" + zigzag(len(datum)) + datum + bytes(16)
     with pytest.raises(AvroDecodeError, match=f"nests deeper than {SKIP_DEPTH} levels"):
         read_ocf(io.BytesIO(data), reader_schema=TREE_READER)
 
-
-def _zigzag(n: int) -> bytes:
-    n = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from _avro_strategies import zigzag
 from arrowstash import config
 from arrowstash.avro import decode
 from arrowstash.errors import AvroDecodeError
@@ -36,19 +37,10 @@ def decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     return str(request.param)
 
 
-def _zigzag(n: int) -> bytes:
-    n = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
 
 def _nulls(count: int) -> bytes:
     """One array-of-null datum: one block of ``count`` items, then the end marker."""
-    return _zigzag(count) + b"\x00" if count else b"\x00"
+    return zigzag(count) + b"\x00" if count else b"\x00"
 
 
 @pytest.mark.parametrize("schema", EMPTY_ITEMS, ids=["null", "empty-record", "fixed0", "map"])

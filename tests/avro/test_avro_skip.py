@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _avro_strategies import write
+from _avro_strategies import write, zigzag
 from arrowstash.avro import parse_schema, read_ocf
 from arrowstash.avro.decode_plan import SKIP_DEPTH
 from arrowstash.avro.decoder import decode
@@ -141,15 +141,6 @@ def test_every_kind_of_value_is_skipped(decoder: str) -> None:
     assert batch.to_pylist() == [{"keep": 42}, {"keep": -1}, {"keep": 7}]
 
 
-def _zigzag(value: int) -> bytes:
-    value = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
 
 LISTS = {"type": "record", "name": "L", "fields": [
     {"name": "a", "type": {"type": "array", "items": "long"}},
@@ -160,22 +151,22 @@ LISTS_READER = {"type": "record", "name": "L", "fields": [{"name": "k", "type": 
 
 def test_blocks_with_byte_sizes_are_jumped_over(decoder: str) -> None:
     """A negative count is followed by the block's size in bytes (writers that buffer blocks)."""
-    items = _zigzag(5) + _zigzag(-6)
-    entries = _zigzag(1) + b"x" + _zigzag(9)
-    message = (_zigzag(-2) + _zigzag(len(items)) + items + _zigzag(1) + _zigzag(7) + _zigzag(0)
-               + _zigzag(-1) + _zigzag(len(entries)) + entries + _zigzag(0) + _zigzag(99))
+    items = zigzag(5) + zigzag(-6)
+    entries = zigzag(1) + b"x" + zigzag(9)
+    message = (zigzag(-2) + zigzag(len(items)) + items + zigzag(1) + zigzag(7) + zigzag(0)
+               + zigzag(-1) + zigzag(len(entries)) + entries + zigzag(0) + zigzag(99))
     assert decode([message], LISTS, reader_schema=LISTS_READER).to_pylist() == [{"k": 99}]
     assert decode([message], LISTS).to_pylist() == [
         {"a": [5, -6, 7], "m": [("x", 9)], "k": 99}]
 
 
 @pytest.mark.parametrize(("message", "error"), [
-    (_zigzag(-1) + _zigzag(50) + b"\x02", r"message 0 at byte 1: truncated: skipped array"),
-    (_zigzag(-1) + _zigzag(-3), r"message 0 at byte 1: negative length -3 for skipped array"),
-    (_zigzag(10**6) + b"\x02", r"message 0 at byte 0: block count 1000000 of skipped array"),
-    (_zigzag(0) + _zigzag(1) + _zigzag(-4) + b"\x00\x00", r"message 0 at byte 2: negative "
+    (zigzag(-1) + zigzag(50) + b"\x02", r"message 0 at byte 1: truncated: skipped array"),
+    (zigzag(-1) + zigzag(-3), r"message 0 at byte 1: negative length -3 for skipped array"),
+    (zigzag(10**6) + b"\x02", r"message 0 at byte 0: block count 1000000 of skipped array"),
+    (zigzag(0) + zigzag(1) + zigzag(-4) + b"\x00\x00", r"message 0 at byte 2: negative "
                                                           r"length -4 for skipped map at m"),
-    (_zigzag(0) + b"\xff" * 11, r"message 0 at byte 1: varint longer than 64 bits in skipped"),
+    (zigzag(0) + b"\xff" * 11, r"message 0 at byte 1: varint longer than 64 bits in skipped"),
 ])
 def test_bad_bytes_in_skipped_fields_are_refused(decoder: str, message: bytes,
                                                  error: str) -> None:
@@ -185,8 +176,8 @@ def test_bad_bytes_in_skipped_fields_are_refused(decoder: str, message: bytes,
 
 def _nested(depth: int) -> bytes:
     """One Node holding ``depth`` more in its ``next`` field, encoded by hand."""
-    down = b"".join(_zigzag(k) + _zigzag(1) for k in range(depth))  # value, then next's branch
-    return down + _zigzag(depth) + _zigzag(0) + b"\x02t" * (depth + 1)  # null, then the tags
+    down = b"".join(zigzag(k) + zigzag(1) for k in range(depth))  # value, then next's branch
+    return down + zigzag(depth) + zigzag(0) + b"\x02t" * (depth + 1)  # null, then the tags
 
 
 def test_nesting_deeper_than_the_limit_is_refused(decoder: str) -> None:

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from _avro_strategies import zigzag
 from arrowstash import AvroDecodeError
 from arrowstash.avro import decode
 
@@ -34,15 +35,6 @@ INVALID = [
 EDGES = ["\x00", "\x7f", "\x80", "\u07ff", "\u0800", "\ud7ff", "\ue000", "\uffff",
          "\U00010000", "\U0010ffff"]
 
-
-def zigzag(n: int) -> bytes:
-    n = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while n > 0x7F:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def string(raw: bytes) -> bytes:
