@@ -214,17 +214,6 @@ def test_the_package_exports_every_name_it_lists() -> None:
 
 # -- compressed files: one run of blocks per thread; libdeflate, ISA-L or zlib inflate -----------
 
-@pytest.fixture(params=["native", "python"])
-def inflate(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Deflate blocks inflated inside the native decoder (libdeflate) or by Python."""
-    from arrowstash.avro.decoder import native_inflate_available
-
-    monkeypatch.setenv("ARROWSTASH_AVRO_LIBDEFLATE", "1" if request.param == "native" else "0")
-    if request.param == "native" and not native_inflate_available():
-        pytest.skip("the native decoder is not built or the system has no libdeflate")
-    return str(request.param)
-
-
 @pytest.mark.parametrize("codec", ["deflate", "snappy", "bzip2"])
 @pytest.mark.parametrize("threads", [2, 3, 7])
 def test_runs_of_blocks_read_like_one_thread(tmp_path: Path, codec: str, threads: int,

@@ -13,7 +13,6 @@ from collections.abc import Callable
 import pyarrow as pa
 import pytest
 
-from arrowstash.avro.decoder import native_inflate_available
 from arrowstash.avro.ocf import MAX_BYTES, MAX_ROWS, _header_bytes, _long, read_ocf
 from arrowstash.errors import AvroDecodeError
 
@@ -52,14 +51,6 @@ def _file(codec: str, blocks: list[tuple[int, bytes]]) -> bytes:
 def _bomb(codec: str, inflated: int, blocks: int = 1) -> bytes:
     zeros = COMPRESS[codec](bytes(inflated // blocks))
     return _file(codec, [(inflated // blocks, zeros)] * blocks)
-
-
-@pytest.fixture(params=["native", "python"])
-def inflate(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv("ARROWSTASH_AVRO_LIBDEFLATE", "1" if request.param == "native" else "0")
-    if request.param == "native" and not native_inflate_available():
-        pytest.skip("the native decoder is not built or the system has no libdeflate")
-    return str(request.param)
 
 
 def test_the_defaults_are_documented_and_sane() -> None:
