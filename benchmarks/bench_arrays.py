@@ -18,7 +18,9 @@ the one operation. "peak extra" is VmHWM afterwards minus VmRSS at the reset: th
 operation itself needed. A load is then "touched" (every array summed, the sum checked against
 the stored value's) and that is timed and measured separately: a memory-mapped load returns
 before reading any data, so its load time and RSS alone flatter it; load + touch is the fair
-figure for code that reads everything.
+figure for code that reads everything. Each operation's CPU time (``time.process_time`` of its
+child, all threads) is reported beside its wall time: a shared machine's load moves the wall
+time, much less the CPU time.
 
 Contenders, each in its own folder of one temporary directory (same file system):
 pickle protocol 4 and protocol 5 in-band (``pickle.dump``/``load`` on a file), protocol 5 with
@@ -342,18 +344,18 @@ def child(role: str, writer: str, reader: str, case: str, directory: str, seed: 
         value = _build(case, seed, nbytes)
         fingerprint = _fingerprint(value)
         base = _settle_and_reset(scratch, nbytes)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         contender.store(value, 0)
-        seconds = time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
         peak = _status()["VmHWM"] - base
-        return {"seconds": seconds, "peak": peak, "fingerprint": fingerprint}
+        return {"seconds": seconds, "cpu": cpu, "peak": peak, "fingerprint": fingerprint}
     warm = contender.load(TINY, reader)
     np.asarray(_arrays(warm)[0]).sum()
     del warm
     base = _settle_and_reset(scratch, nbytes)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     value = contender.load(0, reader)
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     peak = _status()["VmHWM"] - base
     started = time.perf_counter()
     fingerprint = _fingerprint(value)
@@ -361,7 +363,7 @@ def child(role: str, writer: str, reader: str, case: str, directory: str, seed: 
     touched = _status()["VmHWM"] - base
     writable = all(getattr(a, "flags", None) is not None and a.flags.writeable
                    for a in _arrays(value))
-    return {"seconds": seconds, "peak": peak, "touch": touch, "touched_peak": touched,
+    return {"seconds": seconds, "cpu": cpu, "peak": peak, "touch": touch, "touched_peak": touched,
             "fingerprint": fingerprint, "writable": writable}
 
 
@@ -437,11 +439,12 @@ def _measure(into: Samples, writer: str, common: list[str], problems: list[str])
     stored = _run_child(["store", writer, writer, *common])
     put = into.setdefault(writer, {})
     put.setdefault("store", []).append(stored["seconds"])
+    put.setdefault("store_cpu", []).append(stored["cpu"])
     put.setdefault("store_peak", []).append(stored["peak"])
     for reader in WRITERS[writer]:
         loaded = _run_child(["load", writer, reader, *common])
         got = into.setdefault(reader, {})
-        for metric in ("seconds", "peak", "touch", "touched_peak"):
+        for metric in ("seconds", "cpu", "peak", "touch", "touched_peak"):
             got.setdefault(metric, []).append(loaded[metric])
         got.setdefault("writable", []).append(float(loaded["writable"]))
         if not _same(loaded["fingerprint"], stored["fingerprint"]):
@@ -490,23 +493,25 @@ def report(samples: dict[str, Samples], sizes: dict[str, int], quick: bool, repe
     describe = {"array": "one float64 array", "dict": "dict of 20 float64 arrays + metadata"}
     for case, size in sizes.items():
         print(f"## {describe[case]}: {size / MIB:,.0f} MiB\n")
-        print("| contender | store ms (min-max) | store peak extra MiB | load ms (min-max) "
-              "| load peak extra MiB | touch ms | load + touch ms | peak after touch MiB "
-              "| writable |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|:-:|")
+        print("| contender | store ms (min-max) | store CPU ms | store peak extra MiB "
+              "| load ms (min-max) | load CPU ms | load peak extra MiB | touch ms "
+              "| load + touch ms | peak after touch MiB | writable |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:-:|")
         for writer, readers in WRITERS.items():
             wrote = samples[case].get(writer)
             for i, reader in enumerate(readers):
                 got = samples[case].get(reader)
                 if wrote is None or got is None:
-                    print(f"| {reader} | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a |")
+                    print(f"| {reader} |" + " n/a |" * 10)
                     continue
-                store = (_spread(wrote["store"]), _mb(_median(wrote["store_peak"]), size))
+                store = (_spread(wrote["store"]), _ms(_median(wrote["store_cpu"])),
+                         _mb(_median(wrote["store_peak"]), size))
                 if i:
-                    store = ("same", "same")
+                    store = ("same", "same", "same")
                 touch = _median(got["touch"])
                 both = _median([a + b for a, b in zip(got["seconds"], got["touch"], strict=True)])
-                print(f"| {reader} | {store[0]} | {store[1]} | {_spread(got['seconds'])} | "
+                print(f"| {reader} | {' | '.join(store)} | {_spread(got['seconds'])} | "
+                      f"{_ms(_median(got['cpu']))} | "
                       f"{_mb(_median(got['peak']), size)} | {_ms(touch)} | {_ms(both)} | "
                       f"{_mb(_median(got['touched_peak']), size)} | "
                       f"{'yes' if min(got['writable']) else 'no'} |")
@@ -556,11 +561,16 @@ def targets(samples: dict[str, Samples], sizes: dict[str, int]) -> None:
                 best = min(samples[case][who]["store"]) / min(samples[case]["np.save"]["store"])
                 return f"{ratio:.2f}x (fastest: {best:.2f}x)", ratio <= STORE_TARGET
 
+            def store_cpu(case: str = case, who: str = who) -> tuple[str, None]:
+                ratio = med(case, who, "store_cpu") / med(case, "np.save", "store_cpu")
+                return f"{ratio:.2f}x", None
+
             def load(case: str = case, who: str = who) -> tuple[str, bool]:
                 ratio = med(case, who, "seconds") / med(case, NP_MMAP, "seconds")
                 return f"{ratio:.2f}x", ratio <= LOAD_TARGET
 
             row(f"{label} store <= {STORE_TARGET}x np.save", store)
+            row(f"{label} store CPU time ÷ np.save's (informative)", store_cpu)
             row(f"{label} load <= {LOAD_TARGET}x {NP_MMAP}", load)
             for peer in ("pickle-4", "joblib.load"):
 

@@ -9,7 +9,8 @@ database per contender, and measures, contenders interleaved round-robin, median
 one's ArrowSerializer with zstd (arrowstash's default on Redis), floor: pyarrow's zstd IPC stream
 with one SET / GET; (3) ops/s of 4 spawned processes, 90% calls of 1,000 stored keys (hits,
 checked), 10% of new keys (misses: compute and store); arrowstash also with ``lock=False``.
-Then the targets, PASS/FAIL. ``--quick``: a smoke run (< 60 s); the default about 80 s.
+CPU time (this process's threads, not the server's) is reported beside wall time. Then the
+targets, PASS/FAIL. ``--quick``: a smoke run (< 60 s); the default about 80 s.
 cachekit comes from ``pip install --group bench``; without it, it is skipped.
 """
 
@@ -113,14 +114,18 @@ def redis_server() -> Iterator[str]:
             proc.wait()
 
 
-def time_calls(fn: Callable[[int], Any], n: int) -> int:
-    start = time.perf_counter_ns()
+def time_calls(fn: Callable[[int], Any], n: int) -> tuple[int, int]:
+    """Wall and CPU nanoseconds of ``n`` calls (CPU: this process's, not the server's)."""
+    start, cpu = time.perf_counter_ns(), time.process_time_ns()
     for _ in itertools.repeat(None, n):
         fn(7)
-    return time.perf_counter_ns() - start
+    return time.perf_counter_ns() - start, time.process_time_ns() - cpu
 
 
-def small_hits(libs: list[str], url: str, rounds: int, batch_ns: float) -> dict[str, list[float]]:
+Samples = dict[str, list[tuple[float, float]]]  # contender -> (wall, CPU) per batch or call
+
+
+def small_hits(libs: list[str], url: str, rounds: int, batch_ns: float) -> Samples:
     import redis
 
     floor = redis.Redis.from_url(f"{url}/{next(DBS)}")
@@ -134,10 +139,11 @@ def small_hits(libs: list[str], url: str, rounds: int, batch_ns: float) -> dict[
     for name, fn in fns.items():
         if fn(7) != record(7) and name != FLOOR:
             raise SystemExit(f"{name}: wrong result")
-        batch[name] = max(20, round(200 * batch_ns / time_calls(fn, 200)))  # also warms up
-    times: dict[str, list[float]] = {name: [] for name in fns}
+        batch[name] = max(20, round(200 * batch_ns / time_calls(fn, 200)[0]))  # also warms up
+    times: Samples = {name: [] for name in fns}
     for name in rotations(list(fns), rounds):
-        times[name].append(time_calls(fns[name], batch[name]) / batch[name] / 1000)
+        wall, cpu = time_calls(fns[name], batch[name])
+        times[name].append((wall / batch[name] / 1000, cpu / batch[name] / 1000))
     for lib in libs:  # every call but the first a hit, none from an L1
         info = fns[lib].cache_info()
         if runs[lib][0] != 1 or info.l1_hits or info.hits < rounds * batch[lib]:
@@ -177,10 +183,10 @@ def floor_frame(db: Any, df: Any) -> tuple[Callable[[], Any], Callable[[], Any]]
     return store, lambda: pa.ipc.open_stream(db.get("frame")).read_all().to_pandas()
 
 
-def timed(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
+def timed(fn: Callable[[], Any]) -> tuple[float, float]:
+    start, cpu = time.perf_counter(), time.process_time()
     result = fn()
-    elapsed = time.perf_counter() - start
+    elapsed = time.perf_counter() - start, time.process_time() - cpu
     del result  # freed after the clock stops
     return elapsed
 
@@ -192,12 +198,16 @@ def frames(libs: list[str], url: str, df: Any, repeats: int, hits: int) -> dict[
     clients = {name: redis.Redis.from_url(f"{url}/{db}") for name, db in dbs.items()}
     ops = {FLOOR: floor_frame(clients[FLOOR], df)}
     ops.update({lib: cached_frame(lib, f"{url}/{dbs[lib]}", df) for lib in libs})
-    samples: dict[str, dict[str, list[float]]] = {n: {"store": [], "hit": []} for n in ops}
+    samples: dict[str, dict[str, list[float]]] = {
+        n: {"store": [], "store_cpu": [], "hit": [], "hit_cpu": []} for n in ops}
     for name in rotations(list(ops), repeats):
         clients[name].flushdb()
         gc.collect()
-        samples[name]["store"].append(timed(ops[name][0]))
-        samples[name]["hit"] += [timed(ops[name][1]) for _ in range(hits)]
+        for step, op in zip(("store", "hit"), ops[name], strict=True):
+            for _ in range(1 if step == "store" else hits):
+                wall, cpu = timed(op)
+                samples[name][step].append(wall)
+                samples[name][f"{step}_cpu"].append(cpu)
     results = {}
     for name, db in clients.items():
         results[name] = {k: statistics.median(v) for k, v in samples[name].items()}
@@ -267,19 +277,22 @@ def table(title: str, header: list[str], rows: list[list[str]]) -> None:
         print(f"| {' | '.join(row)} |")
 
 
-def report(small: dict[str, list[float]], frame: dict[str, Any], tput: dict[str, Any],
-           rounds: int) -> None:
-    med = {n: statistics.median(t) for n, t in small.items()}
-    deciles = {n: statistics.quantiles(t, n=10) for n, t in small.items()}
+def report(small: Samples, frame: dict[str, Any], tput: dict[str, Any], rounds: int) -> None:
+    med = {n: statistics.median(w for w, _ in t) for n, t in small.items()}
+    cpu = {n: statistics.median(c for _, c in t) for n, t in small.items()}
+    deciles = {n: statistics.quantiles([w for w, _ in t], n=10) for n, t in small.items()}
     table(f"Small-dict hit, L1 off (median of {rounds} interleaved batches)",
-          ["contender", "median µs/call", "p10-p90 µs", "/ arrowstash"],
+          ["contender", "median µs/call", "p10-p90 µs", "CPU µs/call", "/ arrowstash, wall / CPU"],
           [["floor: redis-py GET, 200 B" if n == FLOOR else n, f"{m:.1f}",
-            f"{deciles[n][0]:.1f}-{deciles[n][-1]:.1f}", f"{m / med[AS]:.2f}x"]
+            f"{deciles[n][0]:.1f}-{deciles[n][-1]:.1f}", f"{cpu[n]:.1f}",
+            f"{m / med[AS]:.2f}x / {cpu[n] / cpu[AS]:.2f}x"]
            for n, m in med.items()])
     table("flights frame (336,776 x 19), Arrow IPC zstd, L1 off (medians)",
-          ["contender", "store ms", "hit ms", "stored MB", "hit == frame"],
+          ["contender", "store ms", "store CPU ms", "hit ms", "hit CPU ms", "stored MB",
+           "hit == frame"],
           [["floor: pyarrow IPC + SET / GET" if n == FLOOR else n, f"{r['store'] * 1e3:.0f}",
-            f"{r['hit'] * 1e3:.1f}", f"{r['bytes'] / 1e6:.2f}", str(r["exact"])]
+            f"{r['store_cpu'] * 1e3:.0f}", f"{r['hit'] * 1e3:.1f}", f"{r['hit_cpu'] * 1e3:.1f}",
+            f"{r['bytes'] / 1e6:.2f}", str(r["exact"])]
            for n, r in frame.items()])
     table(f"Throughput: {WORKERS} processes, 90% hits on {HOT:,} keys, 10% new keys",
           ["contender", "ops/s total (median)", "min-max", "stored-key misses"],
@@ -288,6 +301,7 @@ def report(small: dict[str, list[float]], frame: dict[str, Any], tput: dict[str,
     rows = []
     for label, values, num, den, op, need in [
         ("small hit latency, arrowstash / cachekit", med, AS, CK, "<=", 1.0),
+        ("small hit CPU time, arrowstash / cachekit", cpu, AS, CK, "<=", 1.0),
         ("frame hit time, cachekit / arrowstash", {k: v["hit"] for k, v in frame.items()},
          CK, AS, ">=", 1.5),
     ]:
@@ -331,7 +345,7 @@ def main() -> None:
     label = {FLOOR: "floor: redis-py"}
     chart(args.plot, "backends_small_hit", "small-dict hit on Redis, L1 off (median)",
           [label.get(n, n) for n in small],
-          {"hit": [statistics.median(t) * 1e-6 for t in small.values()]})
+          {"hit": [statistics.median(w for w, _ in t) * 1e-6 for t in small.values()]})
     chart(args.plot, "backends_flights", "flights frame on Redis, L1 off (median)",
           [label.get(n, n) for n in frame],
           {step: [r[step] for r in frame.values()] for step in ("store", "hit")})

@@ -9,9 +9,9 @@ back (checked hits, as pandas, polars and Arrow where it can), the contenders in
 round-robin, one further on each repeat; medians are reported. Before each store a scratch
 file of the frame's size is written and deleted, untimed (``_probes.prefault``: memory this VM
 left idle costs a host page fault per page when first written again, which would charge
-whichever store came first). "store CPU" is the process's CPU
-time over a store (all its threads, kernel time too): on a loaded machine it moves far less than
-the wall time, which other processes stretch. Peak RSS above a baseline (frame
+whichever store came first). "CPU" is the process's CPU time over a store or a hit (all its
+threads, kernel time too): on a loaded machine it moves far less than the wall time, which other
+processes stretch. Peak RSS above a baseline (frame
 built, modules warm) is measured in a fresh subprocess per contender, the high-water mark reset
 via /proc/self/clear_refs. Then the issue's targets, PASS/FAIL. ``--callgrind`` adds instruction
 counts (valgrind) of store + hit round trips of 100-row frames and of flights, arrowstash vs
@@ -265,9 +265,10 @@ def measure(names: list[str], df: pd.DataFrame, root: Path, repeats: int, hits: 
             samples.setdefault("store_cpu", []).append(time.process_time() - cpu)
             for fmt in c.formats:
                 for _ in range(hits):
-                    start = time.perf_counter()
+                    start, cpu = time.perf_counter(), time.process_time()
                     value = c.hit(fmt)
                     samples.setdefault(fmt, []).append(time.perf_counter() - start)
+                    samples.setdefault(f"{fmt}_cpu", []).append(time.process_time() - cpu)
                     del value
             if r == repeats - 1:
                 results[name].update(size=c.size(), check=check_pandas_hit(c, df))
@@ -309,7 +310,8 @@ def ms(value: float | None) -> str:
 
 def table(title: str, res: dict, rss: dict, size: int) -> None:
     print(f"\n### {title}: frame {size / MB:,.1f} MB (memory_usage deep)\n")
-    print("| contender | store ms | store CPU ms | hit pandas ms | hit polars ms | hit arrow ms "
+    print("| contender | store ms | store CPU ms | hit pandas ms (CPU) | hit polars ms (CPU) "
+          "| hit arrow ms (CPU) "
           "| size bytes | store peak RSS, x frame | hit peak extra RSS, x frame: pandas / polars "
           "/ arrow | pandas hit |\n|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for name, r in res.items():
@@ -318,7 +320,8 @@ def table(title: str, res: dict, rss: dict, size: int) -> None:
         hit = " / ".join(f"{peak[f] / size:.2f}" if f in peak else "—" for f in FORMATS) \
             if peak else "—"
         print(f"| {name} | {ms(r['store'])} | {ms(r['store_cpu'])} | "
-              + " | ".join(ms(r.get(f)) for f in FORMATS)
+              + " | ".join(f"{ms(r.get(f))} ({ms(r.get(f + '_cpu'))})" if f in r else "—"
+                           for f in FORMATS)
               + f" | {r['size']:,} | {store} | {hit} | {r['check']} |")
 
 
@@ -328,26 +331,30 @@ def targets(title: str, res: dict, rss: dict, size: int) -> list[tuple]:
             return res[slow][what] / res[fast][what]
         return None
 
+    def both(slow: str, fast: str, what: str) -> tuple[float | None, float | None]:
+        """The wall-time ratio (the verdict's) and the CPU-time one beside it."""
+        return ratio(slow, fast, what), ratio(slow, fast, f"{what}_cpu")
+
     check = res.get("arrowstash none", {}).get("check", "")
     rows = [
-        ("zstd pandas hit, cachekit zstd / ours", ratio("cachekit zstd", "arrowstash zstd",
-                                                        "pandas"), ">=", 1.5),
+        ("zstd pandas hit, cachekit zstd / ours", both("cachekit zstd", "arrowstash zstd",
+                                                       "pandas"), ">=", 1.5),
         ("uncompressed pandas hit, diskcache / ours",
-         ratio("diskcache memoize", "arrowstash none", "pandas"), ">=", 3.0),
+         both("diskcache memoize", "arrowstash none", "pandas"), ">=", 3.0),
         ("uncompressed pandas hit, joblib.Memory / ours",
-         ratio("joblib.Memory", "arrowstash none", "pandas"), ">=", 3.0),
+         both("joblib.Memory", "arrowstash none", "pandas"), ">=", 3.0),
         ("uncompressed pandas hit writable (and cache intact)",
          float(", writable" in check and "LEAKED" not in check) if check else None, ">=", 1.0),
-        ("store zstd, cachekit zstd / ours", ratio("cachekit zstd", "arrowstash zstd", "store"),
+        ("store zstd, cachekit zstd / ours", both("cachekit zstd", "arrowstash zstd", "store"),
          ">=", 1.5),
         ("store uncompressed, cachekit none / ours",
-         ratio("cachekit none", "arrowstash none", "store"), ">=", 1.5),
+         both("cachekit none", "arrowstash none", "store"), ">=", 1.5),
         ("size zstd, ours / cachekit zstd", ratio("arrowstash zstd", "cachekit zstd", "size"),
          "<=", 1.0),
         ("size uncompressed, ours / cachekit none",
          ratio("arrowstash none", "cachekit none", "size"), "<=", 1.0),
         ("arrow hit, cachekit none arrow / ours zero-copy",
-         ratio("cachekit none", "arrowstash none", "arrow"), ">=", 100.0),
+         both("cachekit none", "arrowstash none", "arrow"), ">=", 100.0),
     ]
     rows += [(f"store peak RSS, {n}, x frame", 1 + rss[n]["store"] / size, "<=", 1.15)
              for n in ("arrowstash none", "arrowstash lz4", "arrowstash zstd") if n in rss]
@@ -355,15 +362,18 @@ def targets(title: str, res: dict, rss: dict, size: int) -> list[tuple]:
 
 
 def verdicts(rows: list[tuple]) -> None:
-    print("\n### Targets\n\n| dataset | target | measured | need | verdict |")
-    print("|---|---|---:|---:|---|")
-    for title, label, value, op, need in rows:
+    print("\n### Targets (verdicts on wall time, CPU-time ratio beside it)\n")
+    print("| dataset | target | measured | CPU | need | verdict |\n|---|---|---:|---:|---:|---|")
+    for title, label, measured, op, need in rows:
+        value, cpu = measured if isinstance(measured, tuple) else (measured, None)
+        beside = "—" if cpu is None else f"{cpu:.3g}x"
         if value is None:
-            print(f"| {title} | {label} | — | {op} {need:g} | SKIP |")
+            print(f"| {title} | {label} | — | — | {op} {need:g} | SKIP |")
             continue
         ok = value >= need if op == ">=" else value <= need
         shown = ("yes" if value else "no") if "writable" in label else f"{value:.3g}x"
-        print(f"| {title} | {label} | {shown} | {op} {need:g} | {'PASS' if ok else 'FAIL'} |")
+        print(f"| {title} | {label} | {shown} | {beside} | {op} {need:g} | "
+              f"{'PASS' if ok else 'FAIL'} |")
 
 
 # -- main -------------------------------------------------------------------------------------
