@@ -1,4 +1,5 @@
-"""Python values (as fastavro reads and writes them) -> Arrow arrays of the Avro-Arrow mapping.
+"""Python values (as fastavro reads and writes them) -> Arrow arrays of the Avro-Arrow mapping,
+and back (``read_back``).
 
 Written independently of the encoder, so the encode tests do not check the encoder against
 itself. A union value goes to the branch fastavro's own writer picks for it, so both writers
@@ -109,3 +110,60 @@ def _union(t: AvroUnion, values: list[Any]) -> pa.Array:
         [union_child_name(b) for b in t.branches],
         list(range(n)),
     )
+
+
+def read_back(data: pa.RecordBatch | pa.Table) -> list[dict[str, Any]]:
+    """The rows of a decoded batch or table as fastavro reads them: each value kept as its own
+    encoding (a recursive record's, in a column whose field metadata holds its schema) decoded
+    with that schema, level after level, by arrowstash's ``decode``."""
+    if isinstance(data, pa.Table):
+        batches = data.combine_chunks().to_batches()
+        if not batches:
+            return [{} for _ in range(data.num_rows)]  # no columns (or no rows)
+        data = batches[0]
+    batch = data
+    columns = [_read_back(batch.column(i), batch.schema.field(i))
+               for i in range(batch.num_columns)]
+    return [dict(zip(batch.schema.names, row, strict=True)) for row in zip(*columns, strict=True)] \
+        if columns else [{} for _ in range(batch.num_rows)]
+
+
+def _read_back(arr: pa.Array, field: pa.Field) -> list[Any]:
+    from arrowstash.avro import decode
+
+    meta = field.metadata or {}
+    if b"avro.schema" in meta:
+        values = arr.to_pylist()
+        present = [v for v in values if v is not None]
+        inner = iter(read_back(decode(present, meta[b"avro.schema"].decode())) if present else ())
+        return [None if v is None else next(inner) for v in values]
+    t = arr.type
+    valid = arr.is_valid().to_pylist()
+    if pa.types.is_struct(t):
+        kids = [_read_back(arr.field(i), t.field(i)) for i in range(t.num_fields)]
+        names = [t.field(i).name for i in range(t.num_fields)]
+        return [dict(zip(names, row, strict=True)) if ok else None
+                for ok, row in zip(valid, zip(*kids, strict=True) if kids else
+                                   [()] * len(arr), strict=True)]
+    if pa.types.is_list(t) or pa.types.is_map(t):
+        offsets = arr.offsets.to_pylist()
+        if pa.types.is_map(t):
+            keys = arr.keys.to_pylist()
+            items = _read_back(arr.items, t.item_field)
+        else:
+            items = _read_back(arr.values, t.value_field)
+        out: list[Any] = []
+        for i, ok in enumerate(valid):
+            lo, hi = offsets[i], offsets[i + 1]
+            if not ok:
+                out.append(None)
+            elif pa.types.is_map(t):
+                out.append(dict(zip(keys[lo:hi], items[lo:hi], strict=True)))
+            else:
+                out.append(items[lo:hi])
+        return out
+    if pa.types.is_union(t):
+        kids = [_read_back(arr.field(i), t.field(i)) for i in range(t.num_fields)]
+        codes, offs = arr.type_codes.to_pylist(), arr.offsets.to_pylist()
+        return [kids[c][o] for c, o in zip(codes, offs, strict=True)]
+    return arr.to_pylist()

@@ -349,13 +349,11 @@ def test_validate_utf8_off_keeps_the_bytes() -> None:
     assert batch.column("s").buffers()[2].to_pybytes() == b"\xc3\x28"
 
 
-def test_recursive_schema_is_refused_before_decoding() -> None:
-    from arrowstash import AvroSchemaError
-
+def test_recursive_schema_keeps_the_recursion_as_its_bytes() -> None:
     schema = {"type": "record", "name": "L", "fields": [
         {"name": "next", "type": ["null", "L"]}]}
-    with pytest.raises(AvroSchemaError, match="recursive type 'L'"):
-        decode([b"\x00"], schema)
+    assert decode([b"\x00", b"\x02\x02\x00"], schema).column("next").to_pylist() == [
+        None, b"\x02\x00"]
 
 
 def test_reader_schema_resolves_after_decoding_and_ids_column_follows() -> None:

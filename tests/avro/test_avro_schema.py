@@ -30,7 +30,7 @@ from arrowstash.avro import (
     to_arrow_schema,
     write_ocf,
 )
-from arrowstash.avro.schema import Enum, Fixed, Primitive, Record, Schema, Union
+from arrowstash.avro.schema import Enum, Fixed, Primitive, Record, Union
 
 SCHEMA_TESTS = SHARED_AVRO / "apache-avro/share__test__data__schema-tests.txt"
 
@@ -338,14 +338,14 @@ def test_dense_union_children_use_fullnames() -> None:
     assert [f.name for f in s.arrow_schema.field("u").type] == ["ns.A", "ns.B", "array", "map"]
 
 
-def test_recursive_type_cannot_map_to_arrow() -> None:
+def test_a_recursive_reference_maps_to_binary_holding_its_records_schema() -> None:
     s = parse_schema(
         {"type": "record", "name": "LinkedList", "fields": [
             {"name": "value", "type": "int"}, {"name": "next", "type": ["null", "LinkedList"]}]}
     )
-    assert isinstance(s, Schema)  # parsing works; only the Arrow mapping refuses
-    with pytest.raises(AvroSchemaError, match="recursive type 'LinkedList' cannot map to Arrow"):
-        _ = s.arrow_schema
+    field = s.arrow_schema.field("next")
+    assert (field.type, field.nullable) == (pa.binary(), True)
+    assert field.metadata == {b"avro.schema": s.json.encode()}  # the whole record: it recurses
 
 
 def test_named_type_used_twice_is_not_recursion() -> None:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arrowstash.avro.resolve import default_array
+from arrowstash.avro.default_arrays import default_array
 from arrowstash.avro.schema import parse_schema
 from arrowstash.errors import AvroSchemaError
 

@@ -15,7 +15,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from arrowstash.avro.arrow_types import arrow_type, is_nullable_union, union_child_name
+from arrowstash.avro.arrow_types import (
+    arrow_type,
+    is_nullable_union,
+    kept_as_bytes,
+    union_child_name,
+)
 from arrowstash.avro.schema import (
     Array,
     AvroType,
@@ -40,7 +45,10 @@ FIXED, ENUM, UUID_STR, DEC_BYTES, DEC_FIXED, DURATION, RECORD, ARRAY, MAP, UNION
 # refers back to itself). Skipping checks the structure (lengths, counts, union indexes), not the
 # values.
 SKIP = 18
-#: How deep skipped values may nest (a recursive type's data could otherwise exhaust the stack).
+# A value kept as its own encoding (a recursive record below the top level): read past like a
+# SKIP node (its one child), and its bytes stored as a binary column's value.
+RAW = 19
+#: How deep skipped (or kept) values may nest (recursive data could otherwise exhaust the stack).
 SKIP_DEPTH = 10_000
 
 # Error codes shared with the C decoder: code -> message template ({what}, {detail}).
@@ -108,10 +116,11 @@ class Plan:
 
 def compile_plan(schema: Schema) -> Plan:
     """The plan of ``schema``; a :class:`PrunedSchema` adds SKIP nodes for the fields it drops."""
-    arrow = schema.arrow_schema  # raises AvroSchemaError for recursive types
+    arrow = schema.arrow_schema
     nodes: list[Node | None] = [None]
     root = schema.root
     skips = _Skips(schema.skipped if isinstance(schema, PrunedSchema) else {})
+    skips.raw = _Skips({}, label="")
     if isinstance(root, Record):
         children = skips.fields(root, "", nodes)
     else:
@@ -127,11 +136,14 @@ _SIMPLE = {"null": NULL, "boolean": BOOL, "int": INT, "long": LONG, "float": FLO
 
 class _Skips:
     """Which writer fields a pruned record left out, and their SKIP nodes (one per named type,
-    so a recursive type's nodes refer back to themselves)."""
+    so a recursive type's nodes refer back to themselves). ``raw`` makes the SKIP nodes under
+    RAW nodes, whose errors do not call the value skipped."""
 
-    def __init__(self, skipped: Mapping[str, Record]) -> None:
+    def __init__(self, skipped: Mapping[str, Record], label: str = "skipped ") -> None:
         self.skipped = skipped
+        self.label = label
         self.named: dict[str, int] = {}
+        self.raw: _Skips = self
 
     def fields(self, t: Record, path: str, nodes: list[Node | None]) -> tuple[int, ...]:
         """The nodes of a record's fields in the writer's order: kept ones decoded, the rest
@@ -181,7 +193,7 @@ class _Skips:
         else:
             min_size = 1
         nodes[index] = Node(SKIP, -1, kind, size, children, pa.null(), path,
-                            f"skipped {describe(t)} at {path}", min_size)
+                            f"{self.label}{describe(t)} at {path}", min_size)
         return index
 
 
@@ -202,7 +214,11 @@ def _compile(t: AvroType, path: str, nodes: list[Node | None], skips: _Skips) ->
         what = f"{what_union} at {path}"
     children: tuple[int, ...] = ()
     symbols: tuple[str, ...] = ()
-    if isinstance(t, (Primitive, Fixed, Enum)):
+    if kept_as_bytes(t) is not None:  # a recursive record: its bytes, read past
+        assert isinstance(t, Record)
+        kind, param, size, precision = RAW, 0, 0, 0
+        children = (skips.raw.skip(t, path, nodes),)
+    elif isinstance(t, (Primitive, Fixed, Enum)):
         kind, param, size, symbols, precision = _leaf(t, atype)
     else:
         param = size = precision = 0
@@ -223,8 +239,8 @@ def _compile(t: AvroType, path: str, nodes: list[Node | None], skips: _Skips) ->
             children = tuple(
                 _compile(b, f"{path}<{union_child_name(b)}>", nodes, skips) for b in t.branches
             )
-    if null_branch >= 0 or kind not in _MIN_SIZES:
-        min_size = 1
+    if null_branch >= 0 or kind not in _MIN_SIZES:  # RAW too: a recursion passes a union,
+        min_size = 1  # an array or a map, so a finite value takes a byte at least
     elif kind == RECORD:
         min_size = sum(_node(nodes, c).min_size for c in children)
     elif kind in (FIXED, DEC_FIXED):

@@ -15,8 +15,9 @@ from arrowstash.avro.types import AvroType, describe
 (
     K_NULL, K_BOOL, K_INT32, K_INT64, K_INT64_AS_INT, K_FLOAT, K_DOUBLE, K_BINARY,
     K_LARGE_BINARY, K_FIXED, K_ENUM, K_ENUM_STRING, K_RECORD, K_ARRAY, K_MAP, K_UNION,
-    K_DECIMAL_BYTES, K_DECIMAL_FIXED, K_UUID_STRING, K_DURATION,
-) = range(20)  # fmt: skip
+    K_DECIMAL_BYTES, K_DECIMAL_FIXED, K_UUID_STRING, K_DURATION, K_RAW,
+) = range(21)  # fmt: skip
+# K_RAW: a binary value written as it is (a recursive record's value kept as its own encoding).
 
 Normalize = Callable[[Any], Any]
 

@@ -18,6 +18,9 @@ plan's parts:
 - uuid: ``pa.uuid()`` or fixed_size_binary(16); a string uuid also takes 36-character text.
 - fixed: fixed_size_binary(size) or binary (every value must have ``size`` bytes).
 - decimal: any decimal type (cast to the mapped precision and scale; overflow is an error).
+- a recursive record below the top level: binary, large_binary or binary_view holding each
+  value's own encoding (what decode gives), checked by decoding it and written unchanged; or a
+  struct as for any record.
 - record: a struct (fields matched by name, extra fields ignored); array: list, large_list,
   fixed_size_list or list_view; map: a map with string keys.
 - union: a dense or sparse union whose children match the branches by type code (in order) or by
@@ -33,13 +36,20 @@ from typing import Any
 
 import pyarrow as pa
 
-from arrowstash.avro.arrow_types import arrow_type, is_nullable_union, union_child_name
+from arrowstash.avro.arrow_types import (
+    arrow_type,
+    is_nullable_union,
+    is_recursive,
+    type_json,
+    union_child_name,
+)
 from arrowstash.avro.encode_leaves import enum_node, fixed_node, primitive
 from arrowstash.avro.encode_nodes import (
     K_ARRAY,
     K_BINARY,
     K_MAP,
     K_NULL,
+    K_RAW,
     K_RECORD,
     K_UNION,
     Node,
@@ -63,7 +73,7 @@ from arrowstash.avro.schema import (
     Union,
     describe,
 )
-from arrowstash.errors import AvroSchemaError
+from arrowstash.errors import AvroDecodeError, AvroSchemaError
 
 
 @dataclass(eq=False)
@@ -137,7 +147,7 @@ def _default(f: Field, path: str) -> Callable[[int], Any]:
     """Columns of ``f``'s default (checked now against its type), as the spec's defaults are
     encoded: the JSON value read per the field's schema, a union's default in its first branch
     that takes it."""
-    from arrowstash.avro.resolve import default_array  # numpy, the avro extra, only when needed
+    from arrowstash.avro.default_arrays import default_array  # numpy (the avro extra): lazily
 
     try:
         default_array(f.default, f.type, 0, path)
@@ -181,6 +191,8 @@ def _compile_type(t: AvroType, at: Any, path: str) -> tuple[Node, Normalize]:
         return enum_node(t, at, path)
     if isinstance(t, Fixed):
         return fixed_node(t, at, path)
+    if isinstance(t, Record) and is_recursive(t) and _is_binary(at):
+        return _kept(t, at, path)
     if isinstance(t, Record):
         return _record(t, at, path)
     if isinstance(t, Array):
@@ -231,6 +243,32 @@ def _record(t: Record, at: Any, path: str) -> tuple[Node, Normalize]:
         return pa.StructArray.from_arrays(children, names=names, mask=mask)
 
     return node, rebuild
+
+
+def _is_binary(at: Any) -> bool:
+    return bool(pa.types.is_binary(at) or pa.types.is_large_binary(at)
+                or pa.types.is_binary_view(at))
+
+
+def _kept(t: Record, at: Any, path: str) -> tuple[Node, Normalize]:
+    """Values of a recursive record given as their own encoding (as decode keeps them): each
+    must decode as one whole value of ``t`` (with the structure below checked as decode checks
+    it), and is then written unchanged."""
+    from arrowstash.avro.decoder import decode  # the decoder compiles through arrow_types too
+
+    schema = type_json(t)
+    to_binary = cast_to(pa.binary())
+
+    def check(arr: Any) -> Any:
+        arr = arr if arr.type == pa.binary() else to_binary(arr)
+        try:
+            decode(arr.drop_null() if arr.null_count else arr, schema, threads=1)
+        except AvroDecodeError as exc:
+            raise PlanError(path, f"the bytes are not one whole Avro {describe(t)}: {exc}") \
+                from None
+        return arr
+
+    return Node(K_RAW, path, t, pa.binary()), check
 
 
 def _own_buffers(arr: Any, n: int) -> list[Any]:
@@ -318,7 +356,7 @@ def _union(t: Union, at: Any, path: str) -> tuple[Node, Normalize]:
         return Node(K_NULL, path, t, pa.null(), value_branch=null), same
     candidates = sorted(
         (i for i, b in enumerate(t.branches) if b.type != "null"),
-        key=lambda i: _safe_arrow_type(t.branches[i]) != at,
+        key=lambda i: arrow_type(t.branches[i]) != at,
     )
     for i in candidates:
         try:
@@ -329,13 +367,6 @@ def _union(t: Union, at: Any, path: str) -> tuple[Node, Normalize]:
         node.value_branch = i
         return node, norm
     raise unfit(path, t, at)
-
-
-def _safe_arrow_type(t: AvroType) -> Any:
-    try:
-        return arrow_type(t)
-    except Exception:  # a recursive branch maps to nothing; it simply does not match
-        return None
 
 
 def _union_of_union(t: Union, at: Any, path: str) -> tuple[Node, Normalize]:

@@ -3,6 +3,8 @@
 Used by ``write_ocf`` and ``AvroSerializer`` when no Avro schema is given. A schema that came
 from decoding Avro (its metadata holds ``avro.schema``) maps back to that Avro schema as long as
 the columns still match it, so decode -> write round trips keep enums, fixed sizes and unions.
+A binary field whose metadata holds ``avro.schema`` (a recursive record's values kept as their
+own encoding, as decode gives them) maps back to that record.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class _Mapper:
         self.table = table
         self.namespace = namespace
         self.names: set[str] = set()
+        self.kept_records: set[str] = set()
         self.depth = 0
 
     def unique(self, base: str) -> str:
@@ -81,7 +84,7 @@ class _Mapper:
                 f"{where}: {field.name!r} is not a valid Avro field name "
                 "(letters, digits and _, not starting with a digit); rename the column"
             )
-        kind = self.type(field.type, where, top_index)
+        kind = self.kept(field, where) or self.type(field.type, where, top_index)
         if field.nullable and field.type != pa.null():
             return {"name": field.name, "type": ["null", kind], "default": None}
         return {"name": field.name, "type": kind}
@@ -146,7 +149,8 @@ class _Mapper:
                 raise AvroSchemaError(f"{where}: Avro map keys are strings, not {t.key_type}")
             return {"type": "map", "values": self.value(t.item_field, f"{where}{{}}")}
         if pt.is_union(t):
-            return [self.type(c.type, f"{where}|{c.name}", hint=_hint(c.name))
+            return [self.kept(c, f"{where}|{c.name}")
+                    or self.type(c.type, f"{where}|{c.name}", hint=_hint(c.name))
                     for c in (t.field(i) for i in range(t.num_fields))]
         if pt.is_struct(t):
             record_name = self.unique(hint or _type_name(where, "Record"))
@@ -155,8 +159,29 @@ class _Mapper:
         raise AvroSchemaError(f"{where}: Arrow type {t} has no Avro equivalent; cast the column")
 
     def value(self, field: pa.Field, where: str) -> Any:
-        kind = self.type(field.type, where)
+        kind = self.kept(field, where) or self.type(field.type, where)
         return ["null", kind] if field.nullable and field.type != pa.null() else kind
+
+    def kept(self, field: pa.Field, where: str) -> Any:
+        """The record of a binary field whose metadata holds its schema (a recursive record's
+        values kept as their encoding): defined where first met, named where met again."""
+        from arrowstash.avro.schema import Record, parse_schema
+
+        stored = (field.metadata or {}).get(b"avro.schema")
+        t = field.type
+        if stored is None or _primitive(t) != "bytes" or pt.is_fixed_size_binary(t):
+            return None
+        try:
+            parsed = parse_schema(stored.decode())
+        except (AvroSchemaError, UnicodeDecodeError) as exc:
+            raise AvroSchemaError(f"{where}: the field's avro.schema metadata: {exc}") from None
+        if not isinstance(parsed.root, Record):
+            return None
+        if parsed.root.name in self.kept_records:
+            return parsed.root.name
+        self.kept_records.add(parsed.root.name)
+        self.names.update(n.rpartition(".")[2] for n in parsed.names)
+        return json.loads(parsed.json)
 
     def dictionary(self, t: pa.DictionaryType, where: str, top_index: int | None) -> Any:
         if not (pt.is_string(t.value_type) or pt.is_large_string(t.value_type)):

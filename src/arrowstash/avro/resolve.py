@@ -21,15 +21,20 @@ resolution fails only for some data (a union branch or enum symbol the reader la
 from __future__ import annotations
 
 import dataclasses
-import decimal
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from arrowstash.avro.arrow_types import arrow_type, is_nullable_union
+from arrowstash.avro.arrow_types import (
+    arrow_type,
+    is_nullable_union,
+    is_recursive,
+    record_struct,
+    type_json,
+)
+from arrowstash.avro.default_arrays import default_array, dense_union
 from arrowstash.avro.numpy_import import numpy as np
 from arrowstash.avro.schema import (
     Array,
@@ -49,7 +54,7 @@ from arrowstash.avro.schema import (
 )
 from arrowstash.errors import AvroDecodeError, AvroSchemaError
 
-__all__ = ["default_array", "pruned", "resolve"]
+__all__ = ["pruned", "resolve"]
 
 #: Writer primitive -> the reader primitives it may be read as (besides itself).
 _PROMOTIONS = {
@@ -137,7 +142,7 @@ def pruned(writer: Schema, reader: Schema) -> Schema:
     names: dict[str, NamedType] = {}
     skipped: dict[str, Record] = {}
 
-    def build(t: AvroType) -> AvroType:
+    def build(t: AvroType, top: bool = False) -> AvroType:
         if isinstance(t, Union):
             return Union(tuple(build(b) for b in t.branches))
         if isinstance(t, Array):
@@ -147,6 +152,12 @@ def pruned(writer: Schema, reader: Schema) -> Schema:
         if not isinstance(t, Record):
             if isinstance(t, (Enum, Fixed)):
                 names[t.name] = t
+            return t
+        if is_recursive(t) and not top:
+            # kept whole: below the top its values are kept as the writer's bytes (read past),
+            # so their schema must be the writer's whole record
+            for name, named in _named_in(t).items():
+                names.setdefault(name, named)
             return t
         if t.name in built:
             return built[t.name]
@@ -159,8 +170,27 @@ def pruned(writer: Schema, reader: Schema) -> Schema:
                            tuple(dataclasses.replace(f, type=build(f.type)) for f in kept))
         return record
 
-    root = build(writer.root)
+    root = build(writer.root, top=True)
     return PrunedSchema(root, names, writer, skipped) if skipped else writer
+
+
+def _named_in(t: AvroType) -> dict[str, NamedType]:
+    """The named types type ``t`` uses, by fullname."""
+    found: dict[str, NamedType] = {}
+    todo = [t]
+    while todo:
+        t = todo.pop()
+        if isinstance(t, Union):
+            todo.extend(t.branches)
+        elif isinstance(t, Array):
+            todo.append(t.items)
+        elif isinstance(t, Map):
+            todo.append(t.values)
+        elif isinstance(t, (Record, Enum, Fixed)) and t.name not in found:
+            found[t.name] = t
+            if isinstance(t, Record):
+                todo.extend(f.type for f in t.fields)
+    return found
 
 
 class _Reads:
@@ -243,19 +273,8 @@ def _to_union(arr: pa.Array, w: AvroType, r: Union, path: str) -> pa.Array:
             return pa.nulls(len(arr), arrow_type(r))
         return _resolve(arr, w, branch, path)
     child = _resolve(arr, w, branch, path)
-    return _dense(r, np.full(len(arr), j, np.int8), np.arange(len(arr), dtype=np.int32),
+    return dense_union(r, np.full(len(arr), j, np.int8), np.arange(len(arr), dtype=np.int32),
                   {j: child})
-
-
-def _dense(r: Union, types: np.ndarray, offsets: np.ndarray,
-           children: dict[int, pa.Array]) -> pa.Array:
-    """A dense union of reader type ``r`` from type codes, offsets and some children (the other
-    branches get empty children)."""
-    t = arrow_type(r)
-    arrays = [children[j] if j in children else pa.nulls(0, t.field(j).type)
-              for j in range(t.num_fields)]
-    buffers = [None, pa.py_buffer(types.astype(np.int8)), pa.py_buffer(offsets.astype(np.int32))]
-    return pa.Array.from_buffers(t, len(types), buffers, children=arrays)
 
 
 def _from_union(arr: pa.Array, w: Union, r: AvroType, path: str) -> pa.Array:
@@ -295,7 +314,7 @@ def _from_nullable_union(arr: pa.Array, w: Union, r: AvroType, path: str) -> pa.
     children = {inner_to: child.filter(pa.array(valid))}
     if null_to is not None:
         children[null_to] = pa.nulls(int((~valid).sum()), arrow_type(r.branches[null_to]))
-    return _dense(r, types, offsets, children)
+    return dense_union(r, types, offsets, children)
 
 
 def _dense_into_union(arr: pa.Array, w: Union, r: Union, path: str, types: Any,
@@ -317,7 +336,7 @@ def _dense_into_union(arr: pa.Array, w: Union, r: Union, path: str, types: Any,
         base[i] = sum(len(p) for p in done)
         done.append(_resolve(arr.field(i), branch, r.branches[j], path))
     children = {j: pa.concat_arrays(p) for j, p in pieces.items()}
-    return _dense(r, mapping[types], base[types] + offsets, children)
+    return dense_union(r, mapping[types], base[types] + offsets, children)
 
 
 def _dense_into_one(arr: pa.Array, w: Union, r: AvroType, path: str, types: Any,
@@ -373,6 +392,9 @@ def _plain(arr: pa.Array, w: AvroType, r: AvroType, path: str) -> pa.Array:
     if isinstance(w, Primitive):
         assert isinstance(r, Primitive)
         return _primitive(arr, w, r, path)
+    if isinstance(w, Record) and is_recursive(w) and not pa.types.is_struct(arr.type):
+        assert isinstance(r, Record)  # below the top: binary
+        return _kept(arr, w, r, path)
     if isinstance(w, Record):
         assert isinstance(r, Record)
         return _record(arr, w, r, path)
@@ -439,12 +461,40 @@ def _record(arr: pa.Array, w: Record, r: Record, path: str) -> pa.Array:
         else:
             raise AvroSchemaError(f"{where}: the reader's field is not in the writer's "
                                   f"{_short(w.name)} and has no default")
-    t = arrow_type(r)
+    t = record_struct(r)
     if not children:  # no fields: the length and validity are all there is
         valid = pc.invert(arr.is_null()).buffers()[1] if arr.null_count else None
         return pa.Array.from_buffers(t, len(arr), [valid], arr.null_count, children=[])
     mask = arr.is_null() if arr.null_count else None
     return pa.StructArray.from_arrays(children, fields=list(t), mask=mask)
+
+
+def _kept(arr: pa.Array, w: Record, r: Record, path: str) -> pa.Array:
+    """Values of a recursive writer record, kept as their encoding (a binary column): the same
+    bytes when the reader's record is the same; else decoded with the reader's schema, and
+    encoded again with it when the reader keeps them as bytes too. Each level of nesting where
+    the two differ is one more decode, so deep data past Python's recursion limit is refused."""
+    same = type_json(w) == type_json(r)
+    if same:
+        return arr
+    from arrowstash.avro.decoder import decode  # the decoder resolves through this module
+    from arrowstash.avro.encoder import encode
+
+    valid = arr.drop_null() if arr.null_count else arr
+    if not len(valid):  # no values (the recursion ends here)
+        return pa.nulls(len(arr), arrow_type(r))
+    try:
+        batch = decode(valid, type_json(w), reader_schema=type_json(r))
+        values: pa.Array = (encode(batch, type_json(r)) if is_recursive(r)
+                            else batch.to_struct_array())
+    except RecursionError:
+        raise AvroDecodeError(f"{path}: values of the recursive {_short(w.name)} nest too deep "
+                              "to resolve level by level against the reader's schema") from None
+    if not arr.null_count:
+        return values
+    valid_mask = np.asarray(arr.is_valid())
+    positions = np.cumsum(valid_mask) - 1
+    return values.take(pa.array(positions, pa.int64(), mask=~valid_mask))
 
 
 def _enum(arr: pa.Array, w: Enum, r: Enum, path: str) -> pa.Array:
@@ -481,91 +531,3 @@ def _map(arr: pa.Array, w: Map, r: Map, path: str) -> pa.Array:
     mask = arr.is_null() if arr.null_count else None
     return pa.MapArray.from_arrays(pa.array(offsets - first, pa.int32()), entries.field(0),
                                    items, type=arrow_type(r), mask=mask)
-
-
-# -- defaults ------------------------------------------------------------------------------------
-
-def default_array(default: Any, t: AvroType, n: int, path: str) -> pa.Array:
-    """``n`` copies of a field's JSON default as an Arrow array of type ``t``'s mapping (a
-    reader-only field when resolving; a column missing from a table being encoded)."""
-    try:
-        one = _one(default, t)
-    except (TypeError, ValueError, KeyError, IndexError, AttributeError,
-            pa.ArrowException) as exc:
-        raise AvroSchemaError(f"{path}: default {default!r} does not fit {describe(t)}: {exc}") \
-            from None
-    return one.take(pa.array(np.zeros(n, np.int32)))
-
-
-def _one(value: Any, t: AvroType) -> pa.Array:
-    """A one-element array holding the JSON default ``value`` of type ``t``."""
-    target = arrow_type(t)
-    if isinstance(t, Union):
-        branch = next((j for j, b in enumerate(t.branches) if _fits(value, b)), None)
-        if branch is None:
-            raise ValueError("it fits no branch of the union")
-        if is_nullable_union(t):
-            chosen = t.branches[branch]
-            return pa.nulls(1, target) if chosen.type == "null" else _one(value, chosen)
-        return _dense(t, np.array([branch], np.int8), np.zeros(1, np.int32),
-                      {branch: _one(value, t.branches[branch])})
-    if isinstance(t, Record):
-        children = [
-            _one(value.get(f.name, f.default), f.type) for f in t.fields
-        ]
-        return pa.StructArray.from_arrays(children, fields=list(target))
-    if isinstance(t, Enum):
-        return pa.DictionaryArray.from_arrays(pa.array([t.symbols.index(value)], pa.int32()),
-                                              pa.array(t.symbols, pa.string()))
-    if isinstance(t, Array):
-        items = [_one(v, t.items) for v in value]
-        values = pa.concat_arrays(items) if items else pa.nulls(0, arrow_type(t.items))
-        return pa.ListArray.from_arrays(pa.array([0, len(items)], pa.int32()), values,
-                                        type=target)
-    if isinstance(t, Map):
-        keys = pa.array(list(value), pa.string())
-        items = [_one(v, t.values) for v in value.values()]
-        values = pa.concat_arrays(items) if items else pa.nulls(0, arrow_type(t.values))
-        return pa.MapArray.from_arrays(pa.array([0, len(keys)], pa.int32()), keys, values,
-                                       type=target)
-    return pa.array([_scalar(value, t)], target)
-
-
-def _fits(value: Any, t: AvroType) -> bool:
-    try:
-        _one(value, t)
-    except (TypeError, ValueError, KeyError, IndexError, AttributeError, pa.ArrowException):
-        return False
-    return True
-
-
-def _scalar(value: Any, t: Primitive | Fixed) -> Any:
-    """A primitive's JSON default as the Python value pyarrow builds its Arrow type from."""
-    if t.type == "null":
-        if value is not None:
-            raise ValueError("a null default must be null")
-        return None
-    if t.type in ("bytes", "fixed"):
-        raw = value.encode("latin-1")  # JSON defaults hold bytes as code points 0-255
-        if isinstance(t, Fixed) and len(raw) != t.size:
-            raise ValueError(f"{len(raw)} bytes, not {t.size}")
-        if t.logical_type == "decimal":
-            assert t.scale is not None
-            return decimal.Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-t.scale)
-        if t.logical_type == "duration":
-            months, days, millis = (int.from_bytes(raw[k : k + 4], "little") for k in (0, 4, 8))
-            return pa.MonthDayNano([months, days, millis * 1_000_000])
-        return raw
-    if t.logical_type == "uuid":
-        return uuid.UUID(value)
-    if t.type == "boolean" and not isinstance(value, bool):
-        raise TypeError("not a boolean")
-    if t.type in ("int", "long") and (isinstance(value, bool) or not isinstance(value, int)):
-        raise TypeError("not an integer")
-    if t.type in ("float", "double"):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError("not a number")
-        return float(value)  # pyarrow refuses an int past 2**24 (float) or 2**53 (double)
-    if t.type == "string" and not isinstance(value, str):
-        raise TypeError("not a string")
-    return value

@@ -29,6 +29,7 @@ from arrowstash.avro.types import (
     Record,
     Union,
     describe,
+    full_json,
 )
 from arrowstash.errors import AvroSchemaError
 
@@ -88,7 +89,7 @@ class Schema:
         set_ = object.__setattr__
         set_(self, "root", root)
         set_(self, "names", MappingProxyType(dict(names)))
-        set_(self, "json", json.dumps(_to_json(root, set(), ""), separators=(",", ":")))
+        set_(self, "json", json.dumps(full_json(root), separators=(",", ":")))
         set_(self, "canonical_form", _canonical(root, set()))
         set_(self, "fingerprint", _rabin(self.canonical_form.encode()).to_bytes(8, "little"))
         set_(self, "_arrow", None)
@@ -175,7 +176,8 @@ def parse_schema(schema: SchemaLike) -> Schema:
 def to_arrow_schema(schema: SchemaLike) -> Any:
     """The ``pyarrow.Schema`` of the batches ``schema`` decodes to (see ``Schema.arrow_schema``):
     a record's fields become the columns, any other type one column named ``value``; the
-    metadata's ``avro.schema`` holds ``Schema.json``. A recursive type raises AvroSchemaError."""
+    metadata's ``avro.schema`` holds ``Schema.json``. Values of a recursive record below the top
+    level are kept as their own encoding in ``binary`` columns (see docs/avro.md)."""
     return parse_schema(schema).arrow_schema
 
 
@@ -480,62 +482,7 @@ def _short(obj: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-# -- writing back: normalised JSON and the Parsing Canonical Form ---------------------------------
-
-
-def _to_json(t: AvroType, seen: set[str], namespace: str) -> Any:
-    """Full JSON of a type: fullnames, every attribute kept, each named type defined once."""
-    if isinstance(t, Primitive):
-        extra: dict[str, Any] = dict(t.props)
-        if t.logical_type:
-            extra["logicalType"] = t.logical_type
-            if t.logical_type == "decimal":
-                extra.update(precision=t.precision, scale=t.scale)
-        return {"type": t.type, **extra} if extra else t.type
-    if isinstance(t, Union):
-        return [_to_json(b, seen, namespace) for b in t.branches]
-    if isinstance(t, Array):
-        return {"type": "array", "items": _to_json(t.items, seen, namespace), **t.props}
-    if isinstance(t, Map):
-        return {"type": "map", "values": _to_json(t.values, seen, namespace), **t.props}
-    if t.name in seen:
-        return t.name
-    seen.add(t.name)
-    out: dict[str, Any] = {"type": t.type, "name": t.name}
-    if namespace and not t.namespace:  # a null-namespace name inside a namespace says so
-        out["namespace"] = ""
-    if t.aliases:
-        out["aliases"] = list(t.aliases)
-    if t.doc is not None:
-        out["doc"] = t.doc
-    if isinstance(t, Record):
-        out["fields"] = [_field_json(f, seen, t.namespace) for f in t.fields]
-    elif isinstance(t, Enum):
-        out["symbols"] = list(t.symbols)
-        if t.default is not None:
-            out["default"] = t.default
-    else:
-        out["size"] = t.size
-        if t.logical_type:
-            out["logicalType"] = t.logical_type
-            if t.logical_type == "decimal":
-                out.update(precision=t.precision, scale=t.scale)
-    out.update(t.props)
-    return out
-
-
-def _field_json(f: Field, seen: set[str], namespace: str) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": f.name, "type": _to_json(f.type, seen, namespace)}
-    if f.has_default:
-        out["default"] = f.default
-    if f.aliases:
-        out["aliases"] = list(f.aliases)
-    if f.doc is not None:
-        out["doc"] = f.doc
-    if f.order != "ascending":
-        out["order"] = f.order
-    out.update(f.props)
-    return out
+# -- writing back: the Parsing Canonical Form (the normalised JSON is types.py's full_json) -------
 
 
 def _canonical(t: AvroType, seen: set[str]) -> str:

@@ -9,7 +9,7 @@ from types import MappingProxyType
 from typing import Any
 
 __all__ = ["Array", "AvroType", "Enum", "Field", "Fixed", "Map", "NamedType", "Primitive",
-           "Record", "Union", "describe"]
+           "Record", "Union", "describe", "full_json"]
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
@@ -135,3 +135,64 @@ def describe(t: AvroType) -> str:
     if isinstance(t, Union):
         return "[" + ", ".join(describe(b) for b in t.branches) + "]"
     return t.type
+
+
+def full_json(t: AvroType) -> Any:
+    """The JSON value of type ``t`` on its own (every named type it uses defined inside it):
+    what ``Schema.json`` writes of a whole schema."""
+    return _to_json(t, set(), "")
+
+
+def _to_json(t: AvroType, seen: set[str], namespace: str) -> Any:
+    """Full JSON of a type: fullnames, every attribute kept, each named type defined once."""
+    if isinstance(t, Primitive):
+        extra: dict[str, Any] = dict(t.props)
+        if t.logical_type:
+            extra["logicalType"] = t.logical_type
+            if t.logical_type == "decimal":
+                extra.update(precision=t.precision, scale=t.scale)
+        return {"type": t.type, **extra} if extra else t.type
+    if isinstance(t, Union):
+        return [_to_json(b, seen, namespace) for b in t.branches]
+    if isinstance(t, Array):
+        return {"type": "array", "items": _to_json(t.items, seen, namespace), **t.props}
+    if isinstance(t, Map):
+        return {"type": "map", "values": _to_json(t.values, seen, namespace), **t.props}
+    if t.name in seen:
+        return t.name
+    seen.add(t.name)
+    out: dict[str, Any] = {"type": t.type, "name": t.name}
+    if namespace and not t.namespace:  # a null-namespace name inside a namespace says so
+        out["namespace"] = ""
+    if t.aliases:
+        out["aliases"] = list(t.aliases)
+    if t.doc is not None:
+        out["doc"] = t.doc
+    if isinstance(t, Record):
+        out["fields"] = [_field_json(f, seen, t.namespace) for f in t.fields]
+    elif isinstance(t, Enum):
+        out["symbols"] = list(t.symbols)
+        if t.default is not None:
+            out["default"] = t.default
+    else:
+        out["size"] = t.size
+        if t.logical_type:
+            out["logicalType"] = t.logical_type
+            if t.logical_type == "decimal":
+                out.update(precision=t.precision, scale=t.scale)
+    out.update(t.props)
+    return out
+
+
+def _field_json(f: Field, seen: set[str], namespace: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": f.name, "type": _to_json(f.type, seen, namespace)}
+    if f.has_default:
+        out["default"] = f.default
+    if f.aliases:
+        out["aliases"] = list(f.aliases)
+    if f.doc is not None:
+        out["doc"] = f.doc
+    if f.order != "ascending":
+        out["order"] = f.order
+    out.update(f.props)
+    return out

@@ -114,9 +114,10 @@ Node *cd_parse_plan(PyObject *plan, int *nnodes) {
         }
         for (int k = 0; k < nd->nchildren; k++) {
             long ci = PyLong_AsLong(PyTuple_GET_ITEM(children, k));
-            /* children come after their parent; a skipped type may refer back to itself */
+            /* children come after their parent; a skipped type may refer back to itself, and
+             * a kept value (RAW) to the SKIP nodes of its type made for an earlier one */
             if (ci < 0 || ci >= n ||
-                (ci <= i && nd->kind != K_SKIP && nodes[ci].kind != K_SKIP)) {
+                (ci <= i && nd->kind != K_SKIP && nd->kind != K_RAW && nodes[ci].kind != K_SKIP)) {
                 if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "bad plan");
                 goto error;
             }
@@ -141,7 +142,7 @@ Node *cd_parse_plan(PyObject *plan, int *nnodes) {
     for (Py_ssize_t i = 0; i < n; i++) { /* derived fields */
         Node *nd = &nodes[i];
         nd->index = (int)i;
-        if (nd->kind < 0 || nd->kind > K_SKIP) {
+        if (nd->kind < 0 || nd->kind > K_RAW) {
             PyErr_SetString(PyExc_ValueError, "bad plan: unknown kind");
             goto error;
         }
@@ -155,6 +156,10 @@ Node *cd_parse_plan(PyObject *plan, int *nnodes) {
                 PyErr_SetString(PyExc_ValueError, "bad plan: bad skip node");
                 goto error;
             }
+        }
+        if (nd->kind == K_RAW && (nd->nchildren != 1 || nodes[nd->children[0]].kind != K_SKIP)) {
+            PyErr_SetString(PyExc_ValueError, "bad plan: bad raw node");
+            goto error;
         }
         nd->kids = calloc((size_t)nd->nchildren + 1, sizeof(Node *));
         if (!nd->kids) {
@@ -207,6 +212,7 @@ PyObject *cd_node_buffers(const Node *n, Col *col) {
     PyObject *bufs = NULL;
     switch (n->kind) {
     case K_NULL: bufs = Py_BuildValue("[O]", Py_None); break;
+    case K_RAW: /* a binary column */
     case K_BYTES: case K_STRING:
         bufs = Py_BuildValue("[ONN]", validity, take(&col->offs), take(&col->data));
         break;

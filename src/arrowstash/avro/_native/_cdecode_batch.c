@@ -156,6 +156,7 @@ static int merge_prep(const Node *nodes, int ni, Ctx *ctxs, int nt, const Col *p
     if (n->kind == K_BOOL) data = 0; /* a bitmap: its task appends it */
     if ((n->kind == K_BYTES || n->kind == K_STRING) && (int64_t)(out->data.len + data) > INT32_MAX)
         return -2;
+    if (n->kind == K_RAW && (int64_t)(out->data.len + data) > INT32_MAX) return -2;
     if (child > INT32_MAX) return -2;
     size_t bits = (size_t)((rows + 7) >> 3);
     if (buf_reserve(&out->data, data + (n->kind == K_BOOL ? bits : 0)) ||
@@ -190,6 +191,7 @@ static void merge_part(const Node *nodes, int ni, int t, Ctx *ctxs, int nt, cons
     Col *col = &ctxs[t].cols[ni];
     switch (n->kind) {
     case K_NULL: case K_RECORD: case K_BOOL: return;
+    case K_RAW: /* a binary column */
     case K_BYTES: case K_STRING: case K_ARRAY: case K_MAP: {
         int64_t base = (int64_t)data;
         if (n->kind == K_ARRAY || n->kind == K_MAP) {

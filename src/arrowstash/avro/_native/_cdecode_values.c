@@ -117,6 +117,7 @@ static int empty(Ctx *c, int ni) {
             r = buf_zeros(&col->data, (size_t)n->param);
             break;
         case K_UUID_STR: case K_DURATION: r = buf_zeros(&col->data, 16); break;
+        case K_RAW: /* a binary column */
         case K_BYTES: case K_STRING: r = buf_i32(&col->offs, (int32_t)col->data.len); break;
         case K_ARRAY: case K_MAP:
             r = buf_i32(&col->offs, (int32_t)c->cols[n->children[0]].length);
@@ -479,12 +480,26 @@ static const uint8_t *d_skip(Ctx *c, const Node *n, Col *col, const uint8_t *p) 
     return skip_value(c, n, p, 1);
 }
 
+/* One value of a recursive type kept as its own encoding: read past through its SKIP child
+ * (checking the structure, bounded by SKIP_DEPTH), then its bytes stored as a binary value. */
+static const uint8_t *d_raw(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+    const uint8_t *start = p;
+    if (!(p = skip_value(c, n->kids[0], p, 1))) return NULL;
+    size_t len = (size_t)(p - start);
+    if (col->data.len + len > INT32_MAX) return FAIL(c, E_TOO_LARGE, start, n, 0);
+    if (buf_put(&col->data, start, len) || buf_i32(&col->offs, (int32_t)col->data.len))
+        return OOM(c, start, n);
+    col->length++;
+    return p;
+}
+
 static const DecFn KIND_FN[] = {
     [K_NULL] = d_null, [K_BOOL] = d_bool, [K_INT] = d_int, [K_LONG] = d_long,
     [K_FLOAT] = d_sized, [K_DOUBLE] = d_sized, [K_BYTES] = d_bytes, [K_STRING] = d_string,
     [K_FIXED] = d_sized, [K_ENUM] = d_enum, [K_UUID_STR] = d_uuid, [K_DEC_BYTES] = d_dec_bytes,
     [K_DEC_FIXED] = d_dec_fixed, [K_DURATION] = d_duration, [K_RECORD] = d_record,
     [K_ARRAY] = d_list, [K_MAP] = d_list, [K_UNION] = d_union, [K_SKIP] = d_skip,
+    [K_RAW] = d_raw,
 };
 
 /* Node nd's decoders: its kind's function, and the entry point (the ["null", T] wrapper). */
@@ -532,7 +547,7 @@ int cd_reset_cols(Ctx *c) {
         col->valid.len = col->data.len = col->offs.len = col->tids.len = 0;
         col->length = col->nulls = col->checked = 0;
         int k = c->nodes[i].kind;
-        if ((k == K_BYTES || k == K_STRING || k == K_ARRAY || k == K_MAP) &&
+        if ((k == K_BYTES || k == K_STRING || k == K_ARRAY || k == K_MAP || k == K_RAW) &&
             buf_i32(&col->offs, 0))
             return -1;
     }

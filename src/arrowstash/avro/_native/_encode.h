@@ -37,7 +37,8 @@ struct ArrowArray {
 enum {
     K_NULL = 0, K_BOOL, K_INT32, K_INT64, K_INT64_AS_INT, K_FLOAT, K_DOUBLE, K_BINARY,
     K_LARGE_BINARY, K_FIXED, K_ENUM, K_ENUM_STRING, K_RECORD, K_ARRAY, K_MAP, K_UNION,
-    K_DECIMAL_BYTES, K_DECIMAL_FIXED, K_UUID_STRING, K_DURATION, K_COUNT
+    K_DECIMAL_BYTES, K_DECIMAL_FIXED, K_UUID_STRING, K_DURATION,
+    K_RAW /* binary written as it is: a value's own encoding */, K_COUNT
 };
 
 /* Error codes: keep in step with ERR_* in _encode.py. E_INTERNAL: a generic write came out at

@@ -78,7 +78,7 @@ static int layout_error(const Node *n, const char *what) {
 
 /* Expected (buffers, children) of the normalised Arrow array each kind reads. */
 int ce_bind(Bound *b, const Node *n, const struct ArrowArray *a, int64_t extra_off) {
-    static const int nbuf[K_COUNT] = {0, 2, 2, 2, 2, 2, 2, 3, 3, 2, 2, 3, 1, 2, 2, 2, 2, 2, 2, 2};
+    static const int nbuf[K_COUNT] = {0, 2, 2, 2, 2, 2, 2, 3, 3, 2, 2, 3, 1, 2, 2, 2, 2, 2, 2, 2, 3};
     memset(b, 0, sizeof(*b));
     b->n = n;
     b->off = a->offset + extra_off;
@@ -95,7 +95,7 @@ int ce_bind(Bound *b, const Node *n, const struct ArrowArray *a, int64_t extra_o
         if (want_buf > 1 && b->b1 == NULL && a->length > 0) return layout_error(n, "no data");
         if (b->b2 == NULL && want_buf > 2) b->b2 = (const uint8_t *)"";
         b->data_end = b->b2;
-        if ((n->kind == K_BINARY || n->kind == K_ENUM_STRING) && a->length > 0)
+        if ((n->kind == K_BINARY || n->kind == K_ENUM_STRING || n->kind == K_RAW) && a->length > 0)
             b->data_end = b->b2 + ((const int32_t *)b->b1)[a->offset + a->length];
     }
     b->kind = n->kind;

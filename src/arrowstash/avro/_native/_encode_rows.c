@@ -116,6 +116,10 @@ static __attribute__((noinline)) int64_t size_node(Writer *w, const Bound *b, in
         const int64_t *o = (const int64_t *)b->b1 + p;
         return bytes_size(o[1] - o[0]);
     }
+    case K_RAW: {
+        const int32_t *o = (const int32_t *)b->b1 + p;
+        return (int64_t)o[1] - o[0];
+    }
     case K_ENUM: {
         int32_t v = ((const int32_t *)b->b1)[p];
         if (v < 0 || v >= b->n->p1) return fail(w, b->n, E_ENUM_INDEX, i, v);
@@ -236,6 +240,11 @@ static __attribute__((noinline)) uint8_t *write_node(const Bound *b, int64_t i, 
     case K_LARGE_BINARY: {
         const int64_t *o = (const int64_t *)b->b1 + p;
         return put_bytes(d, b->b2 + o[0], o[1] - o[0]);
+    }
+    case K_RAW: {
+        const int32_t *o = (const int32_t *)b->b1 + p;
+        memcpy(d, b->b2 + o[0], (size_t)(o[1] - o[0]));
+        return d + (o[1] - o[0]);
     }
     case K_FIXED: {
         int64_t size = b->n->p1;

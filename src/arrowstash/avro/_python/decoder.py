@@ -121,6 +121,8 @@ class _Builder:
         if kind == P.SKIP:
             nodes = self.plan.nodes
             return (lambda buf, pos: _skip(nodes, i, buf, pos)), (lambda: None)
+        if kind == P.RAW:
+            return self._raw(i, node, col)
         if kind == P.NULL:
             return self._null(col)
         if kind in (P.INT, P.LONG, P.ENUM):
@@ -263,6 +265,26 @@ class _Builder:
 
         return read, empty
 
+    def _raw(self, i: int, node: P.Node, col: _Col) -> tuple[Read, Empty]:
+        """A recursive record's value kept as its own encoding: read past, then stored."""
+        nodes, data, offsets = self.plan.nodes, col.data, col.offsets
+        skip = node.children[0]
+
+        def read(buf: bytes, pos: int) -> int:
+            end = _skip(nodes, skip, buf, pos)
+            data.extend(buf[pos:end])
+            if len(data) > _INT32_MAX:
+                raise DecodeFailure(14, pos, i)
+            offsets.append(len(data))
+            col.length += 1
+            return end
+
+        def empty() -> None:
+            offsets.append(len(data))
+            col.length += 1
+
+        return read, empty
+
     def _record(self, node: P.Node, col: _Col) -> tuple[Read, Empty]:
         readers, empties = self.readers, self.empties
         children = node.children
@@ -359,7 +381,7 @@ class _Builder:
                 continue
             if kind == P.BOOL:
                 bufs = [validity, _bitmap(col.data)]
-            elif kind in (P.BYTES, P.STRING):
+            elif kind in (P.BYTES, P.STRING, P.RAW):
                 bufs = [validity, col.offsets, col.data]
             elif kind in (P.ARRAY, P.MAP):
                 bufs = [validity, col.offsets]

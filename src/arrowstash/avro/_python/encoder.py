@@ -31,6 +31,7 @@ from arrowstash.avro.encode_nodes import (
     K_LARGE_BINARY,
     K_MAP,
     K_NULL,
+    K_RAW,
     K_RECORD,
     K_UNION,
     K_UUID_STRING,
@@ -129,6 +130,9 @@ def _bind_value(n: Node, arr: Any) -> Writer:
         return lambda i, out: out.__iadd__(raw(i))
     if kind in (K_BINARY, K_LARGE_BINARY, K_ENUM_STRING):
         return _blobs(n, arr)
+    if kind == K_RAW:  # a whole encoding, checked when normalised
+        encoded = arr.to_pylist()
+        return lambda i, out: out.__iadd__(encoded[i])
     if kind == K_FIXED:
         raw = _raw(arr, n.p1)
         return lambda i, out: out.__iadd__(raw(i))
