@@ -194,7 +194,8 @@ static inline __attribute__((always_inline)) const uint8_t *d_int(Ctx *c, const 
     return p;
 }
 
-static const uint8_t *d_enum(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+static inline __attribute__((always_inline)) const uint8_t *d_enum(Ctx *c, const Node *n,
+                                                                   Col *col, const uint8_t *p) {
     const uint8_t *start = p;
     int64_t v;
     if (rd_long(c, &p, n->index, &v)) return NULL;
@@ -329,6 +330,7 @@ static inline __attribute__((always_inline)) const uint8_t *dec_leaf_or_call(
     case K_INT: return d_int(c, n, col, p);
     case K_LONG: return d_long(c, n, col, p);
     case K_BOOL: return d_bool(c, n, col, p);
+    case K_ENUM: return d_enum(c, n, col, p);
     case K_FLOAT: case K_DOUBLE: case K_FIXED: return d_sized(c, n, col, p);
     default: return n->fn(c, n, col, p);
     }
@@ -373,6 +375,7 @@ static inline __attribute__((always_inline)) const uint8_t *dec_any(Ctx *c, cons
     case K_INT: return d_int(c, n, col, p);
     case K_LONG: return d_long(c, n, col, p);
     case K_BOOL: return d_bool(c, n, col, p);
+    case K_ENUM: return d_enum(c, n, col, p);
     case K_FLOAT: case K_DOUBLE: case K_FIXED: return d_sized(c, n, col, p);
     default: return n->fn(c, n, col, p);
     }
