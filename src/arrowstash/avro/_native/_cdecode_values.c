@@ -129,19 +129,24 @@ static int convert_decimal(const Node *n, const uint8_t *src, int64_t len, uint8
 /* A slot with no value: a null, or a child of a null record. Same as _decode.py's empties, with
  * the recursion flattened into the node's precomputed list (the node, then what it holds). */
 static int empty(Ctx *c, int ni) {
-    const Node *top = &c->nodes[ni];
-    for (int e = 0; e < top->nempties; e++) {
-        const Node *n = &c->nodes[top->empties[e]];
-        Col *col = &c->cols[n->index];
+    /* in locals: the stores below (through byte pointers) could alias c and the nodes, so
+     * values read through them would be read again after each store */
+    const Node *nodes = c->nodes;
+    char *cols = (char *)c->cols;
+    const int *e = nodes[ni].empties, *last = e + nodes[ni].nempties;
+    for (; e < last; e++) {
+        const Node *n = &nodes[*e];
+        Col *col = (Col *)(cols + n->col_offset);
+        int64_t len = col->length;
         int r = 0;
         if (n->null_branch >= 0) {
-            if (bit_put(&col->valid, col->length, 0)) return -1;
+            if (bit_put(&col->valid, len, 0)) return -1;
             col->nulls++;
         }
         switch (n->kind) {
         case K_NULL: case K_RECORD: break;
-        case K_BOOL: r = bit_put(&col->data, col->length, 0); break;
-        case K_INT: case K_ENUM: case K_FLOAT: r = buf_zeros(&col->data, 4); break;
+        case K_BOOL: r = bit_put(&col->data, len, 0); break;
+        case K_INT: case K_ENUM: case K_FLOAT: r = buf_i32(&col->data, 0); break;
         case K_LONG: case K_DOUBLE: r = buf_zeros(&col->data, 8); break;
         case K_FIXED: case K_DEC_BYTES: case K_DEC_FIXED:
             r = buf_zeros(&col->data, (size_t)n->param);
@@ -159,11 +164,10 @@ static int empty(Ctx *c, int ni) {
         }
         }
         if (r) return -1;
-        col->length++;
+        col->length = len + 1;
     }
     return 0;
 }
-
 
 /* One value of kid: the common leaf kinds inline (no call), the rest through its function. */
 #define CHILD(c, kid, p) dec_any((c), (kid), (p))
