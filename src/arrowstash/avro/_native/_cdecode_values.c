@@ -18,28 +18,6 @@ static int oom(Ctx *c, const uint8_t *at, int node) { return fail(c, E_NO_MEMORY
 
 /* -- primitive reads ----------------------------------------------------------------------- */
 
-/* A varint of 2 to 8 bytes from the 8 bytes at p (all inside the message), without a loop:
- * the first byte whose high bit is clear ends it. Its length, or 0 if none of the 8 does. */
-static inline __attribute__((always_inline)) int varint_word(const uint8_t *p, uint64_t *v) {
-    uint64_t w;
-    memcpy(&w, p, 8);
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    w = __builtin_bswap64(w); /* byte 0 in the low bits */
-#endif
-    if (!(w & 0x8000)) { /* two bytes: ints of up to 13 bits, longer lengths */
-        *v = (w & 0x7f) | ((w >> 1) & 0x3f80);
-        return 2;
-    }
-    uint64_t stops = ~w & 0x8080808080808080ull;
-    if (!stops) return 0;
-    uint64_t x = w & (stops ^ (stops - 1)) & 0x7f7f7f7f7f7f7f7full; /* its bytes, 7 bits each */
-    /* pack the 7-bit groups: pairs into 14 bits, those into 28, those into 56 */
-    x = (x & 0x007f007f007f007full) | ((x & 0x7f007f007f007f00ull) >> 1);
-    x = (x & 0x00003fff00003fffull) | ((x & 0x3fff00003fff0000ull) >> 2);
-    *v = (x & 0x000000000fffffffull) | ((x & 0x0fffffff00000000ull) >> 4);
-    return (__builtin_ctzll(stops) >> 3) + 1;
-}
-
 static inline __attribute__((always_inline)) int rd_long(Ctx *c, const uint8_t **pp, int node,
                                                          int64_t *out) {
     const uint8_t *p = *pp, *end = c->end;
@@ -47,12 +25,6 @@ static inline __attribute__((always_inline)) int rd_long(Ctx *c, const uint8_t *
     if (__builtin_expect(p < end && *p < 0x80, 1)) { /* one byte: most lengths, indexes, counts */
         v = *p;
         *pp = p + 1;
-        *out = (int64_t)((v >> 1) ^ (0 - (v & 1)));
-        return 0;
-    }
-    int n;
-    if (end - p >= 8 && (n = varint_word(p, &v)) != 0) { /* up to 56 bits: ints, timestamps */
-        *pp = p + n;
         *out = (int64_t)((v >> 1) ^ (0 - (v & 1)));
         return 0;
     }
