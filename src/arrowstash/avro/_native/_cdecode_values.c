@@ -18,15 +18,17 @@ static int oom(Ctx *c, const uint8_t *at, int node) { return fail(c, E_NO_MEMORY
 
 /* -- primitive reads ----------------------------------------------------------------------- */
 
-static inline int rd_long(Ctx *c, const uint8_t **pp, int node, int64_t *out) {
+static inline __attribute__((always_inline)) int rd_long(Ctx *c, const uint8_t **pp, int node,
+                                                         int64_t *out) {
     const uint8_t *p = *pp, *end = c->end;
-    if (p < end && *p < 0x80) {
-        uint64_t v = *p;
+    uint64_t v;
+    if (__builtin_expect(p < end && *p < 0x80, 1)) { /* one byte: most lengths, indexes, counts */
+        v = *p;
         *pp = p + 1;
         *out = (int64_t)((v >> 1) ^ (0 - (v & 1)));
         return 0;
     }
-    uint64_t v = 0;
+    v = 0;
     int shift = 0;
     for (int i = 0; i < 10; i++) {
         if (p >= end) return fail(c, E_TRUNCATED, *pp, node, 0);
@@ -99,19 +101,24 @@ static int convert_decimal(const Node *n, const uint8_t *src, int64_t len, uint8
 /* A slot with no value: a null, or a child of a null record. Same as _decode.py's empties, with
  * the recursion flattened into the node's precomputed list (the node, then what it holds). */
 static int empty(Ctx *c, int ni) {
-    const Node *top = &c->nodes[ni];
-    for (int e = 0; e < top->nempties; e++) {
-        const Node *n = &c->nodes[top->empties[e]];
-        Col *col = &c->cols[n->index];
+    /* in locals: the stores below (through byte pointers) could alias c and the nodes, so
+     * values read through them would be read again after each store */
+    const Node *nodes = c->nodes;
+    char *cols = (char *)c->cols;
+    const int *e = nodes[ni].empties, *last = e + nodes[ni].nempties;
+    for (; e < last; e++) {
+        const Node *n = &nodes[*e];
+        Col *col = (Col *)(cols + n->col_offset);
+        int64_t len = col->length;
         int r = 0;
         if (n->null_branch >= 0) {
-            if (bit_put(&col->valid, col->length, 0)) return -1;
+            if (bit_put(&col->valid, len, 0)) return -1;
             col->nulls++;
         }
         switch (n->kind) {
         case K_NULL: case K_RECORD: break;
-        case K_BOOL: r = bit_put(&col->data, col->length, 0); break;
-        case K_INT: case K_ENUM: case K_FLOAT: r = buf_zeros(&col->data, 4); break;
+        case K_BOOL: r = bit_put(&col->data, len, 0); break;
+        case K_INT: case K_ENUM: case K_FLOAT: r = buf_i32(&col->data, 0); break;
         case K_LONG: case K_DOUBLE: r = buf_zeros(&col->data, 8); break;
         case K_FIXED: case K_DEC_BYTES: case K_DEC_FIXED:
             r = buf_zeros(&col->data, (size_t)n->param);
@@ -130,11 +137,10 @@ static int empty(Ctx *c, int ni) {
         }
         }
         if (r) return -1;
-        col->length++;
+        col->length = len + 1;
     }
     return 0;
 }
-
 
 /* One value of kid: the common leaf kinds inline (no call), the rest through its function. */
 #define CHILD(c, kid, p) dec_any((c), (kid), (p))
@@ -165,7 +171,8 @@ static inline __attribute__((always_inline)) const uint8_t *d_int(Ctx *c, const 
     return p;
 }
 
-static const uint8_t *d_enum(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+static inline __attribute__((always_inline)) const uint8_t *d_enum(Ctx *c, const Node *n,
+                                                                   Col *col, const uint8_t *p) {
     const uint8_t *start = p;
     int64_t v;
     if (rd_long(c, &p, n->index, &v)) return NULL;
@@ -300,6 +307,7 @@ static inline __attribute__((always_inline)) const uint8_t *dec_leaf_or_call(
     case K_INT: return d_int(c, n, col, p);
     case K_LONG: return d_long(c, n, col, p);
     case K_BOOL: return d_bool(c, n, col, p);
+    case K_ENUM: return d_enum(c, n, col, p);
     case K_FLOAT: case K_DOUBLE: case K_FIXED: return d_sized(c, n, col, p);
     default: return n->fn(c, n, col, p);
     }
@@ -344,6 +352,7 @@ static inline __attribute__((always_inline)) const uint8_t *dec_any(Ctx *c, cons
     case K_INT: return d_int(c, n, col, p);
     case K_LONG: return d_long(c, n, col, p);
     case K_BOOL: return d_bool(c, n, col, p);
+    case K_ENUM: return d_enum(c, n, col, p);
     case K_FLOAT: case K_DOUBLE: case K_FIXED: return d_sized(c, n, col, p);
     default: return n->fn(c, n, col, p);
     }
