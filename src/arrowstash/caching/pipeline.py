@@ -87,15 +87,10 @@ def _backend(spec: Backend | str | None) -> Backend | None:
     return spec
 
 
-def _decode(decoder: Serializer, entry: Entry) -> Any:
-    """The entry's value; any error a serializer raises on a damaged entry is a corrupt entry
-    (a miss the caller never sees), not a crash."""
-    try:
-        return decoder.decode(entry.meta, entry.sections)
-    except (TypeError, ValueError, KeyError, IndexError, OverflowError, AttributeError,
-            MemoryError) as exc:
-        raise CorruptEntryError(f"undecodable {entry.serializer} entry: "
-                                f"{type(exc).__name__}: {exc}") from exc
+#: What a serializer may raise on a damaged entry: a corrupt entry (a miss the caller never
+#: sees), not a crash.
+_DECODE_ERRORS = (TypeError, ValueError, KeyError, IndexError, OverflowError, AttributeError,
+                  MemoryError)
 
 
 class Prepared(NamedTuple):
@@ -226,18 +221,24 @@ class Core:
                 if len(self._parsed) >= 256:
                     self._parsed.clear()
                 self._parsed[fingerprint] = entry._replace(sections=[])
-            expires = entry.header.expires
+            header = entry.header
+            expires = header.expires
             if expires and expires <= time.time():
                 return ABSENT
-            sealed = bool(entry.header.flags & FLAG_ENCRYPTED)
+            sealed = header.flags & FLAG_ENCRYPTED
             if sealed or self.keyring is not None:
-                entry = self._decrypt(entry, sealed)
-            decoder = self._decoder(entry.serializer)
-            if decoder.name in self._unsafe_names and not sealed:
+                entry = self._decrypt(entry, bool(sealed))
+            name = entry.serializer
+            decoder = self._by_name.get(name) or self._decoder(name)
+            if name in self._unsafe_names and not sealed:
                 self._check_trust(entry)
                 if self.secret and not checked:  # code runs from these bytes: MAC them all
                     verify_sections(entry, self.secret)
-            value = _decode(decoder, entry)
+            try:
+                value = decoder.decode(entry.meta, entry.sections)
+            except _DECODE_ERRORS as exc:
+                raise CorruptEntryError(f"undecodable {name} entry: "
+                                        f"{type(exc).__name__}: {exc}") from exc
         except (CorruptEntryError, SerializationError) as exc:
             if not report:
                 return ABSENT
