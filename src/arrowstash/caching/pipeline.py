@@ -38,6 +38,8 @@ from arrowstash.errors import BackendError, CorruptEntryError, SerializationErro
 from arrowstash.serializers.base import Serializer
 from arrowstash.serializers.registry import AutoSerializer, resolve
 
+#: Keys of this many recent digests are kept by each cached function (about 150 bytes each).
+_KEYS_KEPT = 1024
 MISSING: Any = object()
 #: A first look that found the backend failing: the call computes without it (one timeout).
 UNREACHABLE: Any = object()
@@ -182,14 +184,21 @@ class Core:
         self.background: set[Any] = set()  # refresh tasks running, kept from the GC
         self.log = EventLog(self.name, namespace, self.backend)
         self._parsed: dict[Any, Entry] = {}  # validated headers of unchanged stored entries
+        self._key_of: dict[bytes, Key] = {}  # the keys of recent digests
         self._unsafe_names: set[str] = set()  # serializers met that unpickle
         self._by_name: dict[str, Serializer] = {}
 
     # -- stages -----------------------------------------------------------------------------
 
     def key(self, digest: bytes) -> Key:
-        # tuple.__new__ skips the NamedTuple's Python-level __new__ (a third of a microsecond)
-        return tuple.__new__(Key, (self.namespace, self.name, digest))
+        # Recent keys are kept: making a NamedTuple costs more than a dict lookup, and the same
+        # Key object lets the backend's own lookups by key compare by identity.
+        key = self._key_of.get(digest)
+        if key is None:
+            if len(self._key_of) >= _KEYS_KEPT:
+                self._key_of.clear()
+            key = self._key_of[digest] = tuple.__new__(Key, (self.namespace, self.name, digest))
+        return key
 
     def l1_entry(self, digest: bytes) -> tuple[Any, float]:
         """The value L1 holds for ``digest`` (a private copy where it could change) and its
