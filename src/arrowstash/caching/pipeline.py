@@ -218,11 +218,11 @@ class Core:
         """The value of a stored entry and its expiry, or MISSING (absent, expired, corrupt)."""
         if stored is None:
             return ABSENT
+        data, mapped, fingerprint = stored  # one unpacking: attributes cost a lookup each
         try:
-            fingerprint = stored.fingerprint
             known = self._parsed.get(fingerprint) if fingerprint else None
-            checked = self.verify or not stored.mapped
-            entry = parse_entry(stored.data, check_sections=checked, known=known,
+            checked = self.verify or not mapped
+            entry = parse_entry(data, check_sections=checked, known=known,
                                 secret=self.secret)
             if entry.key != key:
                 raise CorruptEntryError("entry belongs to another key")
@@ -253,8 +253,8 @@ class Core:
                 return ABSENT
             self.error("corrupt_entry", "unreadable cache entry, recomputing", key, exc)
             return ABSENT
-        self.stats.bytes_read += stored.data.nbytes
-        if self.l1 is not None and not stored.mapped:
+        self.stats.bytes_read += data.nbytes
+        if self.l1 is not None and not mapped:
             self._l1_put(key.digest, value, entry.serializer, entry.meta, entry.sections,
                          expires)
         return value, expires

@@ -523,7 +523,7 @@ def parse_entry(
                 raise CorruptEntryError(f"section {len(sections)} checksum mismatch")
             sections.append(section)
     else:
-        sections = [view[offset : offset + length] for offset, length, _ in trailer.sections]
+        sections = _views(view, trailer.sections)
     # tuple.__new__ skips the NamedTuple's Python-level __new__
     entry: Entry = tuple.__new__(Entry, (header, trailer.key, trailer.serializer, trailer.meta,
                                          sections, trailer))
@@ -534,6 +534,12 @@ def parse_entry(
         raise CorruptEntryError("entry carries no valid signature for this secret (a secret "
                                 "requires every entry to be signed with it)")
     return entry
+
+
+def _views(view: memoryview, table: list[list[Any]]) -> list[memoryview]:
+    """The sections of a section table (apart: a comprehension in parse_entry would make its
+    every use of the buffer a closure cell's)."""
+    return [view[offset : offset + length] for offset, length, _ in table]
 
 
 def verify_sections(entry: Entry, secret: bytes | None = None) -> None:
