@@ -177,16 +177,17 @@ class FileBackend:
             # has is the size of one complete (or truncated, which parsing reports) entry. A
             # short read cannot hang (O_NONBLOCK); a full one is only read on from a regular file.
             first = self._first_read
-            data = bytearray(first)  # writable: loaded arrays may view it
-            got = os.readv(fd, [data])
+            raw = os.read(fd, first)
+            got = len(raw)
             if got < first:
-                view = memoryview(data)[:got]
                 # The header holds the checksum of header and trailer and the creation time:
                 # equal header bytes and size mean the reader may reuse its parse of the trailer.
-                fingerprint = bytes(view[:ALIGN]) if got >= ALIGN else None
-                stored = tuple.__new__(Stored, (view, False, fingerprint))  # skips a Python call
+                fingerprint = raw[:ALIGN] if got >= ALIGN else None
+                # a writable copy (loaded arrays may view it): cheaper than reading into a
+                # zeroed page-sized bytearray
+                stored = tuple.__new__(Stored, (memoryview(bytearray(raw)), False, fingerprint))
             else:
-                stored = read_large(fd, data, self.mmap_threshold)
+                stored = read_large(fd, raw, self.mmap_threshold)
             if self.max_bytes is not None:
                 with contextlib.suppress(OSError):
                     os.utime(fd)  # recency for LRU eviction
