@@ -33,7 +33,7 @@ NOT_AN_ENTRY = Stored(memoryview(b""))
 _HOST = xxhash.xxh3_64_hexdigest(socket.gethostname().encode())[:8]
 
 
-def read_large(fd: int, first: bytearray, mmap_threshold: int) -> Stored:
+def read_large(fd: int, first: bytes, mmap_threshold: int) -> Stored:
     """The rest of an entry whose first read filled ``first``; only a regular file is read on
     (a device such as /dev/zero in an entry's place would never end)."""
     st = os.fstat(fd)
@@ -43,7 +43,7 @@ def read_large(fd: int, first: bytearray, mmap_threshold: int) -> Stored:
     if HEADER.unpack_from(first)[4] != size:
         # Not the size its header declares: damaged, or a sparse file of a terabyte that must
         # not be mapped or read. Parsing the bytes read so far reports it (truncated or padded).
-        return Stored(memoryview(first), False, None)
+        return Stored(memoryview(bytearray(first)), False, None)
     if size >= mmap_threshold:
         return Stored(map_private(fd, size), mapped=True)
     data = bytearray(size)

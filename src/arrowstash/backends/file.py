@@ -52,6 +52,8 @@ from arrowstash.errors import BackendError, CorruptEntryError
 
 #: Bytes read at the first attempt: a page, which holds most small entries whole.
 _FIRST_READ = 4096
+#: Paths of this many recent keys are kept (about 200 bytes each).
+_PATHS_KEPT = 1024
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -100,6 +102,7 @@ class FileBackend:
         self._first_read = min(_FIRST_READ, self.mmap_threshold)  # a full one may need a map
         self.encrypt = encrypt
         self._folders: dict[tuple[str, str], str] = {}
+        self._paths: dict[Key, str] = {}  # the paths of recent keys
         self._ledger = Ledger(root, max_bytes) if max_bytes is not None else None
         try:
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -121,11 +124,17 @@ class FileBackend:
         self._beneath = True
 
     def path(self, key: Key) -> str:
-        folder = self._folders.get((key.namespace, key.function))
-        if folder is None:
-            folder = self._resolve(key.namespace, key.function)
-        name = key.digest.hex()
-        return f"{folder}/{name[:2]}/{name}{SUFFIX}"
+        path = self._paths.get(key)  # a hit's key is usually a recent one: one dict lookup
+        if path is None:
+            folder = self._folders.get((key.namespace, key.function))
+            if folder is None:
+                folder = self._resolve(key.namespace, key.function)
+            name = key.digest.hex()
+            path = f"{folder}/{name[:2]}/{name}{SUFFIX}"
+            if len(self._paths) >= _PATHS_KEPT:
+                self._paths.clear()
+            self._paths[key] = path
+        return path
 
     def _resolve(self, namespace: str, function: str) -> str:
         """The function's folder, checked with its namespace's and its own subfolders (once)."""
@@ -143,9 +152,8 @@ class FileBackend:
         *folders, name = os.path.relpath(path, self._root).split(os.sep)
         return folders, name
 
-    def _open(self, path: str) -> int:
-        if not self._beneath:
-            return os.open(path, ENTRY_FLAGS)
+    def _open_beneath(self, path: str) -> int:
+        """Open an entry of a shared folder without following a link anywhere on its path."""
         folders, name = self._parts(path)
         fd = folder_beneath(self._root, folders, create=False)
         try:
@@ -156,7 +164,7 @@ class FileBackend:
     def get(self, key: Key) -> Stored | None:
         path = self.path(key)
         try:
-            fd = self._open(path)
+            fd = self._open_beneath(path) if self._beneath else os.open(path, ENTRY_FLAGS)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -169,16 +177,17 @@ class FileBackend:
             # has is the size of one complete (or truncated, which parsing reports) entry. A
             # short read cannot hang (O_NONBLOCK); a full one is only read on from a regular file.
             first = self._first_read
-            data = bytearray(first)  # writable: loaded arrays may view it
-            got = os.readv(fd, [data])
+            raw = os.read(fd, first)
+            got = len(raw)
             if got < first:
-                view = memoryview(data)[:got]
                 # The header holds the checksum of header and trailer and the creation time:
                 # equal header bytes and size mean the reader may reuse its parse of the trailer.
-                fingerprint = bytes(view[:ALIGN]) if got >= ALIGN else None
-                stored = tuple.__new__(Stored, (view, False, fingerprint))  # skips a Python call
+                fingerprint = raw[:ALIGN] if got >= ALIGN else None
+                # a writable copy (loaded arrays may view it): cheaper than reading into a
+                # zeroed page-sized bytearray
+                stored = tuple.__new__(Stored, (memoryview(bytearray(raw)), False, fingerprint))
             else:
-                stored = read_large(fd, data, self.mmap_threshold)
+                stored = read_large(fd, raw, self.mmap_threshold)
             if self.max_bytes is not None:
                 with contextlib.suppress(OSError):
                     os.utime(fd)  # recency for LRU eviction

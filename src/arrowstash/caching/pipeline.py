@@ -38,6 +38,8 @@ from arrowstash.errors import BackendError, CorruptEntryError, SerializationErro
 from arrowstash.serializers.base import Serializer
 from arrowstash.serializers.registry import AutoSerializer, resolve
 
+#: Keys of this many recent digests are kept by each cached function (about 150 bytes each).
+_KEYS_KEPT = 1024
 MISSING: Any = object()
 #: A first look that found the backend failing: the call computes without it (one timeout).
 UNREACHABLE: Any = object()
@@ -87,15 +89,10 @@ def _backend(spec: Backend | str | None) -> Backend | None:
     return spec
 
 
-def _decode(decoder: Serializer, entry: Entry) -> Any:
-    """The entry's value; any error a serializer raises on a damaged entry is a corrupt entry
-    (a miss the caller never sees), not a crash."""
-    try:
-        return decoder.decode(entry.meta, entry.sections)
-    except (TypeError, ValueError, KeyError, IndexError, OverflowError, AttributeError,
-            MemoryError) as exc:
-        raise CorruptEntryError(f"undecodable {entry.serializer} entry: "
-                                f"{type(exc).__name__}: {exc}") from exc
+#: What a serializer may raise on a damaged entry: a corrupt entry (a miss the caller never
+#: sees), not a crash.
+_DECODE_ERRORS = (TypeError, ValueError, KeyError, IndexError, OverflowError, AttributeError,
+                  MemoryError)
 
 
 class Prepared(NamedTuple):
@@ -187,14 +184,21 @@ class Core:
         self.background: set[Any] = set()  # refresh tasks running, kept from the GC
         self.log = EventLog(self.name, namespace, self.backend)
         self._parsed: dict[Any, Entry] = {}  # validated headers of unchanged stored entries
+        self._key_of: dict[bytes, Key] = {}  # the keys of recent digests
         self._unsafe_names: set[str] = set()  # serializers met that unpickle
         self._by_name: dict[str, Serializer] = {}
 
     # -- stages -----------------------------------------------------------------------------
 
     def key(self, digest: bytes) -> Key:
-        # tuple.__new__ skips the NamedTuple's Python-level __new__ (a third of a microsecond)
-        return tuple.__new__(Key, (self.namespace, self.name, digest))
+        # Recent keys are kept: making a NamedTuple costs more than a dict lookup, and the same
+        # Key object lets the backend's own lookups by key compare by identity.
+        key = self._key_of.get(digest)
+        if key is None:
+            if len(self._key_of) >= _KEYS_KEPT:
+                self._key_of.clear()
+            key = self._key_of[digest] = tuple.__new__(Key, (self.namespace, self.name, digest))
+        return key
 
     def l1_entry(self, digest: bytes) -> tuple[Any, float]:
         """The value L1 holds for ``digest`` (a private copy where it could change) and its
@@ -214,11 +218,11 @@ class Core:
         """The value of a stored entry and its expiry, or MISSING (absent, expired, corrupt)."""
         if stored is None:
             return ABSENT
+        data, mapped, fingerprint = stored  # one unpacking: attributes cost a lookup each
         try:
-            fingerprint = stored.fingerprint
             known = self._parsed.get(fingerprint) if fingerprint else None
-            checked = self.verify or not stored.mapped
-            entry = parse_entry(stored.data, check_sections=checked, known=known,
+            checked = self.verify or not mapped
+            entry = parse_entry(data, check_sections=checked, known=known,
                                 secret=self.secret)
             if entry.key != key:
                 raise CorruptEntryError("entry belongs to another key")
@@ -226,25 +230,31 @@ class Core:
                 if len(self._parsed) >= 256:
                     self._parsed.clear()
                 self._parsed[fingerprint] = entry._replace(sections=[])
-            expires = entry.header.expires
+            header = entry.header
+            expires = header.expires
             if expires and expires <= time.time():
                 return ABSENT
-            sealed = bool(entry.header.flags & FLAG_ENCRYPTED)
+            sealed = header.flags & FLAG_ENCRYPTED
             if sealed or self.keyring is not None:
-                entry = self._decrypt(entry, sealed)
-            decoder = self._decoder(entry.serializer)
-            if decoder.name in self._unsafe_names and not sealed:
+                entry = self._decrypt(entry, bool(sealed))
+            name = entry.serializer
+            decoder = self._by_name.get(name) or self._decoder(name)
+            if name in self._unsafe_names and not sealed:
                 self._check_trust(entry)
                 if self.secret and not checked:  # code runs from these bytes: MAC them all
                     verify_sections(entry, self.secret)
-            value = _decode(decoder, entry)
+            try:
+                value = decoder.decode(entry.meta, entry.sections)
+            except _DECODE_ERRORS as exc:
+                raise CorruptEntryError(f"undecodable {name} entry: "
+                                        f"{type(exc).__name__}: {exc}") from exc
         except (CorruptEntryError, SerializationError) as exc:
             if not report:
                 return ABSENT
             self.error("corrupt_entry", "unreadable cache entry, recomputing", key, exc)
             return ABSENT
-        self.stats.bytes_read += stored.data.nbytes
-        if self.l1 is not None and not stored.mapped:
+        self.stats.bytes_read += data.nbytes
+        if self.l1 is not None and not mapped:
             self._l1_put(key.digest, value, entry.serializer, entry.meta, entry.sections,
                          expires)
         return value, expires

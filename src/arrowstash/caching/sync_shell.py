@@ -26,12 +26,16 @@ class CachedFunction:
 
     # What every call reads, in slots: an attribute of the instance dict
     # (which functools.update_wrapper fills) costs a dict lookup each time.
-    __slots__ = ("__dict__", "__weakref__", "_code", "_core", "_fast", "_recency", "_stats")
+    __slots__ = ("__dict__", "__weakref__", "_code", "_core", "_fast", "_keys", "_recency",
+                 "_stats")
 
     def __init__(self, core: Core) -> None:
         self._core = core
         # bound once: the fast path reads them on every call
         self._stats = core.stats
+        # the key maker's bound __call__: calling the instance itself goes through its type's
+        # call slot, a Python-level lookup on every call
+        self._keys: Callable[[tuple[Any, ...], dict[str, Any]], bytes] = core.keys.__call__
         # the fast path does not look at expiry closely enough for background refreshes
         self._fast = core.l1.fast if core.l1 is not None and core.freshness is None else None
         self._recency: Callable[..., object] = (
@@ -104,7 +108,7 @@ class CachedFunction:
     def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         core = self._core
         started = _clock()
-        digest = core.keys(args, kwargs)
+        digest = self._keys(args, kwargs)
         value = sync_driver.call(core, digest, args, kwargs, started)
         if not kwargs and self._fast is not None:
             # Fast entries exist only after a _call, and a new fingerprint clears L1 (fast

@@ -40,6 +40,7 @@ _PAD = bytes(ALIGN)
 #: Buffers at least this large are hashed in a helper thread while they are written.
 _HASH_ASIDE = 4 << 20
 _MAC_CONTEXT = b"arrowstash entry v1\0"
+_xxh3 = xxhash.xxh3_64_intdigest
 
 
 class Sink(Protocol):
@@ -500,7 +501,7 @@ def parse_entry(
     one signed with another secret, is a CorruptEntryError.
     """
     view = buffer if type(buffer) is memoryview else memoryview(buffer)
-    if view.format != "B" or view.ndim != 1:
+    if view.ndim != 1 or view.format != "B":
         view = view.cast("B")
     if known is not None and check_sections and known.header.total == view.nbytes:
         header, trailer = known.header, known.trailer
@@ -509,22 +510,36 @@ def parse_entry(
         trailer = read_trailer(view[:ALIGN], header, view[header.trailer_at : header.total])
     # AES-GCM authenticates every byte of an encrypted section when it is decrypted.
     encrypted = header.flags & FLAG_ENCRYPTED
-    check_sections = check_sections and not encrypted
     mac_key = None
     if secret is not None and not encrypted and trailer.smac is not None:
         mac_key = macs.derive(secret)
         _check_tag(mac_key, view, header)
-    sections = [view[offset : offset + length] for offset, length, _ in trailer.sections]
-    # tuple.__new__ skips the NamedTuple's Python-level __new__: this is on every hit's path
+    if check_sections and not encrypted and mac_key is None:
+        # the common read, checked inline: this loop is on every hit's path
+        sections: list[memoryview] = []
+        for offset, length, digest in trailer.sections:
+            section = view[offset : offset + length]
+            if digest is not None and _xxh3(section) != digest:
+                raise CorruptEntryError(f"section {len(sections)} checksum mismatch")
+            sections.append(section)
+    else:
+        sections = _views(view, trailer.sections)
+    # tuple.__new__ skips the NamedTuple's Python-level __new__
     entry: Entry = tuple.__new__(Entry, (header, trailer.key, trailer.serializer, trailer.meta,
                                          sections, trailer))
-    if check_sections:
+    if mac_key is not None and check_sections:
         _check_sections(entry, mac_key)
     if secret is not None and not encrypted and mac_key is None \
             and (trailer.tag is None or not signature_valid(entry, secret)):
         raise CorruptEntryError("entry carries no valid signature for this secret (a secret "
                                 "requires every entry to be signed with it)")
     return entry
+
+
+def _views(view: memoryview, table: list[list[Any]]) -> list[memoryview]:
+    """The sections of a section table (apart: a comprehension in parse_entry would make its
+    every use of the buffer a closure cell's)."""
+    return [view[offset : offset + length] for offset, length, _ in table]
 
 
 def verify_sections(entry: Entry, secret: bytes | None = None) -> None:
