@@ -1,8 +1,8 @@
-"""Build of the optional native Avro decoder and encoder; everything else is configured in
-pyproject.toml.
+"""Build of the optional native Avro decoder and encoder and of the string-lengths helper of
+cache keys; everything else is configured in pyproject.toml.
 
 ``optional=True``: where no C compiler (or no pthreads) exists, the install still succeeds and
-``arrowstash.avro`` uses its pure-Python decoder and encoder. An extension's header is in
+``arrowstash.avro`` uses its pure-Python decoder and encoder (and keys their NumPy twin). An extension's header is in
 ``depends``, so that a change to it rebuilds the extension.
 """
 
@@ -37,6 +37,12 @@ setup(
             depends=[f"{NATIVE}/_encode.h", f"{NATIVE}/_pool.h", f"{NATIVE}/_reuse.h"],
             extra_compile_args=["-O3", "-pthread", "-Wall", "-Wno-missing-field-initializers"],
             extra_link_args=["-pthread"],
+            optional=True,
+        ),
+        Extension(
+            "arrowstash.caching._lengths",
+            ["src/arrowstash/caching/_lengths.c"],
+            extra_compile_args=["-O3", "-Wall"],
             optional=True,
         ),
     ],

@@ -22,6 +22,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from arrowstash import cache
+from arrowstash.caching import columns
 from arrowstash.caching.keys import digest_of
 
 
@@ -367,3 +368,45 @@ def test_empty_and_all_null_columns_in_every_layout() -> None:
         assert len(empty) == 1 and len(nulls) == 1 and empty != nulls
     assert digest_of(pa.array([], pa.string())) != digest_of(pa.array([], pa.int64()))
     assert digest_of(pd.DataFrame({"a": pd.array([], dtype="str")})) != digest_of(pd.DataFrame())
+
+
+def _with_filled_null_slot(values: list[str], at: int) -> pa.Array:
+    """``values`` with a null at ``at`` whose slot still spans its bytes (as some kernels leave)."""
+    clean = pa.array(values, pa.large_string())
+    valid = np.ones(len(values), bool)
+    valid[at] = False
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little").tobytes())
+    _, offsets, data = clean.buffers()
+    return pa.Array.from_buffers(pa.large_string(), len(values), [bitmap, offsets, data], 1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(words, st.integers(0, 40), st.lists(st.integers(0, 30), max_size=3))
+def test_compiled_lengths_match_their_numpy_twin(s: list[Any], skip: int,
+                                                 cuts: list[int]) -> None:
+    padded = pa.array(["x" * skip, *s, "end"], pa.string()).slice(1, len(s))
+    for array in (padded, rechunked(padded.cast(pa.large_string()), cuts)):
+        chunks = array.chunks if isinstance(array, pa.ChunkedArray) else [array]
+        wide = pa.types.is_large_string(array.type)
+        assert columns._string_streams(chunks, wide, "", columns._lengths, "I") == \
+            columns._string_streams(chunks, wide, "", columns._lengths_numpy, "I")
+
+
+def test_lengths_over_blocks_and_null_slots_spanning_bytes() -> None:
+    values = [f"v{i % 97}" * (i % 5) for i in range(3 * columns._BLOCK + 11)]
+    spanning = _with_filled_null_slot(values, columns._BLOCK + 3)
+    emptied = pa.array([*values[:columns._BLOCK + 3], None, *values[columns._BLOCK + 4:]],
+                       pa.string())
+    assert digest_of(spanning) == digest_of(emptied) == digest_of(emptied.cast(pa.string_view()))
+    for lengths in (columns._lengths, columns._lengths_numpy):
+        streams = columns._string_streams([spanning], True, "", lengths, "I")
+        assert streams == columns._string_streams([emptied], False, "", lengths, "I")
+    assert digest_of(spanning) != digest_of(pa.array(values, pa.string()))
+
+
+def test_a_value_of_2_gib_is_told_apart_from_short_ones() -> None:
+    """Lengths are hashed as 32-bit numbers; a large chunk holding a value of 2 GiB or more
+    (which no string or string_view column can hold) is noticed and keyed by 64-bit lengths."""
+    offsets = pa.py_buffer(np.array([0, 5, 5 + 2**31, 2**31 + 6], "<i8").tobytes())
+    assert columns._longest(offsets, 0, 3) and not columns._longest(offsets, 0, 1)
+    assert not columns._longest(pa.py_buffer(np.array([0, 2**31 - 1], "<i8").tobytes()), 0, 1)

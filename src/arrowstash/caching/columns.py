@@ -7,7 +7,9 @@ or chunking. A module's objects are only recognised when that module is already 
 from __future__ import annotations
 
 import functools
+import importlib
 import itertools
+import threading
 import weakref
 from typing import Any
 
@@ -222,7 +224,7 @@ def _column(hasher: Any, obj: Any) -> None:
         for chunk, null in zip(chunks, nulls, strict=True):
             hasher.h.update(_fixed_width(chunk, null))
     elif _is_string(t):
-        _strings(hasher, chunks, nulls)
+        _strings(hasher, chunks)
     else:  # nested and other types: their Python values
         for chunk in chunks:
             for item in chunk.to_pylist():
@@ -274,40 +276,118 @@ def _fixed_width(chunk: Any, null: Any) -> Any:
     return data
 
 
-def _strings(hasher: Any, chunks: list[Any], nulls: list[Any]) -> None:
-    """Strings and binaries from their offsets and data buffers as they lie: the lengths (one
-    subtraction over the offsets, as 64-bit numbers whatever the offsets' width) and the bytes,
-    each in a stream of its own. Types are looked at once, not per chunk: a column read from a
-    CSV file comes in dozens of chunks."""
-    import numpy as np
+def _strings(hasher: Any, chunks: list[Any]) -> None:
+    """Strings and binaries from their offsets and data buffers as they lie: the lengths and the
+    bytes, each in a stream of its own. The lengths are 32-bit numbers whatever the offsets'
+    width (string, large_string and string_view give one stream), unless a value is 2 GiB or
+    longer, which only a large type can hold: then they are 64-bit, under another tag. Types
+    are looked at once, not per chunk: a column read from a CSV file comes in dozens of chunks."""
     import pyarrow as pa
 
     t = chunks[0].type
     if pa.types.is_string_view(t) or pa.types.is_binary_view(t):
         t = pa.large_string() if pa.types.is_string_view(t) else pa.large_binary()
         chunks = [chunk.cast(t) for chunk in chunks]
-    width = np.dtype("<i8" if pa.types.is_large_string(t) or pa.types.is_large_binary(t)
-                     else "<i4")
-    lengths_h, data_h = xxhash.xxh3_128(), xxhash.xxh3_128()
-    lengths = np.empty(max(map(len, chunks)), "<i8")
-    for chunk, null in zip(chunks, nulls, strict=True):
-        size = len(chunk)
-        if not size:
+    wide = pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+    blank = "" if pa.types.is_string(t) or pa.types.is_large_string(t) else b""
+    try:
+        digests = _string_streams(chunks, wide, blank, _lengths, "I")
+    except _LongValue:
+        hasher.tag(b"L")
+        digests = _string_streams(chunks, wide, blank, _lengths_numpy, "q")
+    hasher.h.update(digests)
+
+
+class _LongValue(Exception):
+    """A value of 2 GiB or more: its length does not fit the 32-bit stream."""
+
+
+#: Values per call of the lengths helper: its output stays in the CPU's cache until hashed.
+_BLOCK = 1 << 15
+
+#: Each thread's buffer of 32-bit lengths (a new one per column cost a 128 KiB memset).
+_SCRATCH = threading.local()
+
+
+def _string_streams(chunks: list[Any], wide: bool, blank: Any, lengths: Any, kind: str) -> bytes:
+    """The digests of the lengths (``kind``: "I" for 32-bit ones, "q" for 64-bit) and of the
+    bytes, one chunk after another; a null slot's length is zero, and a chunk with a null slot
+    spanning bytes is hashed as its copy with those slots emptied."""
+    lengths_h: Any = xxhash.xxh3_128()
+    data_h = xxhash.xxh3_128()
+    out: Any = getattr(_SCRATCH, "out", None)
+    if kind == "q":
+        out = memoryview(bytearray(8 * _BLOCK)).cast("q")
+    elif out is None:
+        out = _SCRATCH.out = memoryview(bytearray(4 * _BLOCK)).cast("I")
+    for chunk in chunks:
+        if not len(chunk):
             continue
-        _, offsets_buffer, data = chunk.buffers()
-        offsets = np.frombuffer(offsets_buffer, width, size + 1, chunk.offset * width.itemsize)
-        own = lengths[:size]
-        np.subtract(offsets[1:], offsets[:-1], out=own)
-        if null is not None and own[null].any():  # a null slot with bytes in it
-            blank = "" if pa.types.is_string(t) or pa.types.is_large_string(t) else b""
-            chunk = chunk.fill_null(blank)
-            _, offsets_buffer, data = chunk.buffers()
-            offsets = np.frombuffer(offsets_buffer, width, size + 1, chunk.offset * width.itemsize)
-            np.subtract(offsets[1:], offsets[:-1], out=own)
-        lengths_h.update(own.data)
+        saved = lengths_h.copy() if chunk.null_count else None
+        fed = _chunk_lengths(chunk, wide, lengths, out, lengths_h)
+        if fed is None:
+            lengths_h, chunk = saved, chunk.fill_null(blank)
+            fed = _chunk_lengths(chunk, wide, lengths, out, lengths_h)
+        data, start, stop = fed
         if data is not None:
-            data_h.update(memoryview(data)[offsets[0] : offsets[-1]])
-    hasher.h.update(lengths_h.digest() + data_h.digest())
+            data_h.update(memoryview(data)[start:stop])
+    digests: bytes = lengths_h.digest() + data_h.digest()
+    return digests
+
+
+def _chunk_lengths(chunk: Any, wide: bool, lengths: Any, out: Any, lengths_h: Any) -> Any:
+    """Feed a chunk's lengths to ``lengths_h`` a block at a time; return its data buffer and
+    the span of it the chunk covers, or None when a null slot spans bytes."""
+    validity, offsets, data = chunk.buffers()
+    validity = validity if chunk.null_count else None
+    size, first = len(chunk), chunk.offset
+    start = stop = 0
+    for at in range(0, size, _BLOCK):
+        count = min(_BLOCK, size - at)
+        begin, stop, spanned = lengths(offsets, first + at, count, wide, validity, out)
+        if spanned:
+            return None
+        if out.format == "I" and stop - begin >= 1 << 31 and _longest(offsets, first + at, count):
+            raise _LongValue
+        lengths_h.update(out[:count])
+        if not at:
+            start = begin
+    return data, start, stop
+
+
+def _lengths_numpy(offsets: Any, first: int, count: int, wide: bool, validity: Any,
+                   out: Any) -> tuple[int, int, int]:
+    """The twin of the compiled ``_lengths.lengths`` (used where it was not built, and for
+    64-bit lengths): each value's length into ``out`` (its width truncating, like the C
+    one's), zero for a null slot; returns the first and last offsets and the bytes null slots
+    spanned."""
+    import numpy as np
+
+    o = np.frombuffer(offsets, "<i8" if wide else "<i4", count + 1, first * (8 if wide else 4))
+    own = np.frombuffer(out, "<u4" if out.itemsize == 4 else "<i8", count)
+    np.subtract(o[1:], o[:-1], out=own, casting="unsafe")
+    spanned = 0
+    if validity is not None:
+        bits = np.frombuffer(validity, np.uint8)[first // 8 : (first + count + 7) // 8]
+        null = ~np.unpackbits(bits, bitorder="little")[first % 8 : first % 8 + count].astype(bool)
+        spanned = int(own[null].sum())
+        own[null] = 0
+    return int(o[0]), int(o[-1]), spanned
+
+
+_lengths: Any
+try:  # the compiled twin; absent where the package was installed without a C compiler
+    _lengths = importlib.import_module("arrowstash.caching._lengths").lengths
+except ImportError:  # pragma: no cover - depends on the build
+    _lengths = _lengths_numpy
+
+
+def _longest(offsets: Any, first: int, count: int) -> bool:
+    """Whether a value of a large chunk is 2 GiB or longer."""
+    import numpy as np
+
+    o = np.frombuffer(offsets, "<i8", count + 1, first * 8)
+    return bool((np.diff(o) >> 31).any())
 
 
 _STRING_NAMES = ("string", "binary", "large_string", "large_binary", "string_view", "binary_view")
