@@ -1,9 +1,9 @@
 """Build of the optional native Avro decoder and encoder and of the string-lengths helper of
 cache keys; everything else is configured in pyproject.toml.
 
-``optional=True``: where no C compiler (or no pthreads) exists, the install still succeeds and
-``arrowstash.avro`` uses its pure-Python decoder and encoder (and keys their NumPy twin). An extension's header is in
-``depends``, so that a change to it rebuilds the extension.
+``optional=True``: where no C compiler (or no pthreads) exists, the install still succeeds,
+``arrowstash.avro`` uses its pure-Python decoder and encoder and keys use the helper's NumPy twin.
+An extension's header is in ``depends``, so that a change to it rebuilds the extension.
 """
 
 from setuptools import Extension, setup
