@@ -415,12 +415,19 @@ class _Upload:
 
     def write(self, data: Any) -> None:
         view = memoryview(data).cast("B")
+        tuning = self._backend.tuning
         if self._writer is None:
-            if len(self._buffer) + view.nbytes <= self._backend.tuning.multipart_from:
+            if len(self._buffer) + view.nbytes <= tuning.multipart_from:
                 self._buffer += view
                 return
             self._start()
-        self._send(view)
+        # copied (the serializer may reuse its buffers once write returns) into parts that
+        # are ours, handed over as they are (the writer keeps them until they are uploaded)
+        step = tuning.part_bytes
+        for at in range(0, view.nbytes, step):
+            self._buffer += view[at : at + step]
+            if len(self._buffer) >= step:
+                self._hand_over()
 
     def _start(self) -> None:
         backend, tuning = self._backend, self._backend.tuning
@@ -429,15 +436,11 @@ class _Upload:
             backend._store, self._path, buffer_size=tuning.part_bytes,
             max_concurrency=tuning.max_concurrency))
         self._buffer[: len(_FOOTED)] = _FOOTED  # over the header's placeholder
-        held, self._buffer = self._buffer, bytearray()
-        self._send(memoryview(held))
+        self._hand_over()
 
-    def _send(self, view: memoryview) -> None:
-        """Handed over in copies of at most a part: the writer may keep what it is given until
-        the part is uploaded, and the serializer may reuse its buffers once write returns."""
-        step = self._backend.tuning.part_bytes
-        for at in range(0, view.nbytes, step):
-            self._writer.write(bytes(view[at : at + step]))
+    def _hand_over(self) -> None:
+        self._writer.write(self._buffer)
+        self._buffer = bytearray()
 
     def patch(self, offset: int, data: bytes) -> None:
         if offset != 0 or len(data) != ALIGN:
@@ -455,7 +458,8 @@ class _Upload:
             backend._obstore.put(backend._store, self._path, memoryview(self._buffer),
                                  use_multipart=False)
         else:
-            self._writer.write(self._header)
+            self._buffer += self._header
+            self._hand_over()
 
 
 def _unfoot(view: memoryview) -> memoryview:
