@@ -111,6 +111,29 @@ def test_a_large_entry_goes_by_multipart_upload(s3_server: S3Server, unique_pref
     assert bytes(stored.bytes())[:8] == b"\x89ASTfoot"
 
 
+@pytest.mark.parametrize("size", [0, 100, 4096, 6 << 20])
+def test_a_forged_object_with_the_footer_mark_is_a_miss(s3_server: S3Server,
+                                                        unique_prefix: str, size: int) -> None:
+    import obstore
+
+    backend = ObjectStoreBackend(s3_server.url(unique_prefix), **s3_server.credentials,
+                                 tuning=Tuning(range_bytes=1 << 20))
+    calls = []
+
+    @cache(backend=backend, l1=False)
+    def make() -> np.ndarray:
+        calls.append(1)
+        return np.arange(10)
+
+    make()
+    (entry,) = backend.entries()
+    path = backend._path(Key(entry.namespace, entry.function, bytes.fromhex(entry.key)))
+    obstore.put(backend._store, path, b"\x89ASTfoot" + os.urandom(size))
+    assert list(backend.entries()) == []
+    np.testing.assert_array_equal(make(), np.arange(10))
+    assert calls == [1, 1] and backend.breaker.state == "closed"
+
+
 def test_a_failed_store_aborts_its_multipart_upload(s3_server: S3Server, unique_prefix: str
                                                     ) -> None:
     """A serializer that fails once parts went up: no object, and no upload left pending."""
