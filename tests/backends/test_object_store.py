@@ -22,7 +22,7 @@ import pytest
 from arrowstash import BackendError, Key, StandardSerializer, cache
 from arrowstash.backends import from_url
 from arrowstash.backends.object_store import ObjectStoreBackend, Tuning
-from arrowstash.entry.format import EntryWriter, parse_entry
+from arrowstash.entry.format import Encoded, EntryWriter, parse_entry
 from servers import S3Server
 
 pytestmark = pytest.mark.s3
@@ -88,11 +88,10 @@ def test_polars_frames_and_pickled_objects_round_trip(s3_backend: ObjectStoreBac
     assert calls == ["polars", "model"] and make.cache_info().hits == 2
 
 
-def test_a_large_entry_goes_by_multipart_upload(s3_server: S3Server, unique_prefix: str,
-                                                tmp_path: Path) -> None:
+def test_a_large_entry_goes_by_multipart_upload(s3_server: S3Server, unique_prefix: str
+                                                ) -> None:
     backend = ObjectStoreBackend(s3_server.url(unique_prefix), **s3_server.credentials,
-                                 tuning=Tuning(multipart_from=5 << 20, part_bytes=5 << 20,
-                                               spool_dir=str(tmp_path)))
+                                 tuning=Tuning(multipart_from=5 << 20, part_bytes=5 << 20))
     array = np.random.default_rng(1).random(3 << 20)  # 24 MiB: five parts
 
     @cache(backend=backend, l1=False)
@@ -103,7 +102,64 @@ def test_a_large_entry_goes_by_multipart_upload(s3_server: S3Server, unique_pref
     np.testing.assert_array_equal(make(), array)
     (entry,) = backend.entries()
     assert entry.size > array.nbytes
-    assert list(tmp_path.iterdir()) == []  # the spool file is gone
+    path = backend._path(Key(entry.namespace, entry.function, bytes.fromhex(entry.key)))
+    import obstore
+
+    # uploaded while serialized: the header follows the entry, its place holds a mark
+    stored = obstore.get(backend._store, path)
+    assert stored.meta["size"] == entry.size + 64
+    assert bytes(stored.bytes())[:8] == b"\x89ASTfoot"
+
+
+@pytest.mark.parametrize("size", [0, 100, 4096, 6 << 20])
+def test_a_forged_object_with_the_footer_mark_is_a_miss(s3_server: S3Server,
+                                                        unique_prefix: str, size: int) -> None:
+    import obstore
+
+    backend = ObjectStoreBackend(s3_server.url(unique_prefix), **s3_server.credentials,
+                                 tuning=Tuning(range_bytes=1 << 20))
+    calls = []
+
+    @cache(backend=backend, l1=False)
+    def make() -> np.ndarray:
+        calls.append(1)
+        return np.arange(10)
+
+    make()
+    (entry,) = backend.entries()
+    path = backend._path(Key(entry.namespace, entry.function, bytes.fromhex(entry.key)))
+    obstore.put(backend._store, path, b"\x89ASTfoot" + os.urandom(size))
+    assert list(backend.entries()) == []
+    np.testing.assert_array_equal(make(), np.arange(10))
+    assert calls == [1, 1] and backend.breaker.state == "closed"
+
+
+def test_a_failed_store_aborts_its_multipart_upload(s3_server: S3Server, unique_prefix: str
+                                                    ) -> None:
+    """A serializer that fails once parts went up: no object, and no upload left pending."""
+    import boto3
+
+    backend = ObjectStoreBackend(s3_server.url(unique_prefix), **s3_server.credentials,
+                                 tuning=Tuning(multipart_from=5 << 20, part_bytes=5 << 20))
+    s3 = boto3.client("s3", endpoint_url=s3_server.endpoint, region_name=s3_server.REGION,
+                      aws_access_key_id=s3_server.KEY_ID,
+                      aws_secret_access_key=s3_server.SECRET)
+    seen: list[int] = []
+
+    def failing(out: Any) -> None:
+        for _ in range(4):  # 16 MiB: three parts sent, at least
+            out.write(bytes(4 << 20))
+        seen.append(len(s3.list_multipart_uploads(Bucket=s3_server.BUCKET,
+                                                  Prefix=unique_prefix).get("Uploads", [])))
+        raise RuntimeError("the serializer failed")
+
+    key = Key("ns", "f", bytes(16))
+    with pytest.raises(RuntimeError, match="the serializer failed"):
+        backend.set(EntryWriter(key, Encoded("raw", None, [failing]), time.time(), None))
+    assert seen == [1]  # the upload had started
+    assert backend.get(key) is None
+    assert not s3.list_multipart_uploads(Bucket=s3_server.BUCKET,
+                                         Prefix=unique_prefix).get("Uploads")
 
 
 def test_urls_and_reprs_carry_no_secrets(s3_server: S3Server) -> None:
@@ -191,7 +247,7 @@ from arrowstash.entry.format import EntryWriter, Key
 from arrowstash.serializers.arrays import ArraySerializer
 
 backend = ObjectStoreBackend(sys.argv[1], tuning=Tuning(multipart_from=5 << 20,
-                             part_bytes=5 << 20, max_concurrency=1, spool_dir=sys.argv[2]))
+                             part_bytes=5 << 20, max_concurrency=1))
 array = np.ones(200 << 20, dtype=np.uint8)
 print("uploading", flush=True)
 backend.set(EntryWriter(Key("ns", "f", bytes(16)), ArraySerializer().encode(array), 1.0, None))
@@ -199,12 +255,12 @@ print("done", flush=True)
 """
 
 
-def test_an_upload_killed_midway_leaves_no_entry(s3_server: S3Server, unique_prefix: str,
-                                                 tmp_path: Path) -> None:
+def test_an_upload_killed_midway_leaves_no_entry(s3_server: S3Server, unique_prefix: str
+                                                 ) -> None:
     import boto3
 
     url = s3_server.url(unique_prefix)
-    child = subprocess.Popen([sys.executable, "-c", _UPLOAD, url, str(tmp_path)],
+    child = subprocess.Popen([sys.executable, "-c", _UPLOAD, url],
                              env=_env(s3_server), stdout=subprocess.PIPE, text=True)
     s3 = boto3.client("s3", endpoint_url=s3_server.endpoint, region_name=s3_server.REGION,
                       aws_access_key_id=s3_server.KEY_ID,
@@ -228,7 +284,6 @@ def test_an_upload_killed_midway_leaves_no_entry(s3_server: S3Server, unique_pre
     backend = ObjectStoreBackend(url, **s3_server.credentials)
     assert backend.get(Key("ns", "f", bytes(16))) is None  # parts went up, no object
     assert list(backend.entries()) == []
-    assert list(tmp_path.iterdir()) == []  # the spool file was unlinked when it was made
     s3.abort_multipart_upload(Bucket=s3_server.BUCKET, Key=upload["Key"],
                               UploadId=upload["UploadId"])
 
@@ -260,7 +315,7 @@ def test_a_lock_whose_owner_died_expires_with_its_lease(s3_backend: ObjectStoreB
 def test_bad_urls_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match="names no bucket"):
         ObjectStoreBackend("s3:///prefix")
-    with pytest.raises(ValueError, match="part_bytes must be at least 5 MiB"):
+    with pytest.raises(ValueError, match="part_bytes and multipart_from must be at least 5 MiB"):
         Tuning(part_bytes=1024)
 
 

@@ -4,11 +4,13 @@ Storage, an in-memory store and a local folder (see docs/clusters.md).
 One object per entry, ``<prefix>/<namespace>/<function>/<digest>.ast``, in the entry format.
 Object puts are atomic (a multipart upload becomes visible only when completed), so a reader sees
 an old entry or a new one, never a part; concurrent writers of one key each store a complete entry
-and the last one wins. Large entries are spooled to a temporary file while they are serialized
-(the header is written last) and uploaded from it in parts, so the whole entry is never held in
-memory. Entries over ``Tuning.range_bytes`` are read by concurrent ranged GETs into one
-preallocated, 64-byte aligned buffer, conditional on the ETag of the first range, so that the
-serializers view it without a copy and a read never mixes two versions of an entry.
+and the last one wins. An entry is collected in memory up to ``Tuning.multipart_from`` and put
+in one request; a larger one goes up by multipart upload while it is serialized, so it is never
+held in memory whole (see :class:`_Upload`: its header then follows it as the object's last 64
+bytes), and a failure aborts the upload. Entries over ``Tuning.range_bytes`` are read by
+concurrent ranged GETs into one preallocated, 64-byte aligned buffer, conditional on the ETag
+of the first range, so that the serializers view it without a copy and a read never mixes two
+versions of an entry.
 The stampede lock is an object created with a conditional put (``If-None-Match: *``) that holds
 an owner token and a lease; a waiter takes over a lock whose lease has run out with a
 conditional put on its ETag (``If-Match``), so two waiters never both take it.
@@ -21,19 +23,16 @@ import json
 import os
 import re
 import secrets
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import xxhash
 
 from arrowstash.backends._breaker import Breaker
-from arrowstash.backends._file_io import FileSink
 from arrowstash.backends._object_stores import (
     CLOUD_SCHEMES,
     OUR_OPTIONS,
@@ -57,6 +56,10 @@ _NO_RANGE = re.compile(r"range not satisfiable|invalid ?range|range was invalid"
 _CHUNK = 1 << 20
 #: Objects deleted per request by ``clear`` (S3's DeleteObjects takes up to 1000).
 _DELETE_BATCH = 1000
+#: The first bytes of an object whose entry header is its last 64 bytes (an entry uploaded while
+#: it was serialized, see _Upload). Not the entry format's magic: a reader that does not know
+#: this layout finds no entry there (a logged miss), never a wrong one.
+_FOOTED = b"\x89ASTfoot"
 
 
 def _part(name: str) -> str:
@@ -83,25 +86,25 @@ class Tuning:
     timeout: float = 30.0
     connect_timeout: float = 2.0
     retries: int = 2
-    #: Entries this large, and entries with streamed sections, go by multipart upload in parts
-    #: of ``part_bytes``, ``max_concurrency`` at a time, from a spool file in ``spool_dir``
-    #: (None: the system's temporary folder). At most ``part_bytes * max_concurrency`` bytes
-    #: of an upload are in memory at once. An entry up to ``range_bytes`` is read by one GET;
+    #: An entry is collected in memory up to ``multipart_from`` bytes and put in one request;
+    #: a larger one goes by multipart upload while it is serialized, in parts of
+    #: ``part_bytes``, ``max_concurrency`` at a time: at most ``multipart_from`` plus
+    #: ``part_bytes * (max_concurrency + 1)`` bytes of an upload are in memory at once.
+    #: An entry up to ``range_bytes`` is read by one GET;
     #: a larger one by a GET of its first ``range_bytes`` and ``max_concurrency`` ranged GETs
     #: at once for the rest (the clouds serve each connection at a limited rate).
     multipart_from: int = 16 << 20
     part_bytes: int = 8 << 20
     range_bytes: int = 16 << 20
     max_concurrency: int = 4
-    spool_dir: str | None = None
     #: The circuit breaker: after this many failures in a row, skip the store for a while.
     breaker_failures: int = 5
     breaker_cooldown: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.part_bytes < 5 << 20:
-            raise ValueError(f"part_bytes must be at least 5 MiB (S3's smallest part), not "
-                             f"{self.part_bytes!r}")
+        if self.part_bytes < 5 << 20 or self.multipart_from < 5 << 20:
+            raise ValueError(f"part_bytes and multipart_from must be at least 5 MiB (S3's "
+                             f"smallest part), not {self.part_bytes!r}, {self.multipart_from!r}")
         if self.range_bytes < 1 << 20:
             raise ValueError(f"range_bytes must be at least 1 MiB, not {self.range_bytes!r}")
         if self.timeout <= 0 or self.connect_timeout <= 0 or self.retries < 0:
@@ -206,11 +209,12 @@ class ObjectStoreBackend:
         except self._obstore.exceptions.PreconditionError:
             return None  # replaced while we read it: a miss, rather than a mix of two entries
 
-    def _read(self, path: str, known: dict[str, Any] | None = None) -> memoryview:
+    def _read(self, path: str) -> memoryview:
         """The whole object in one buffer: its first ``range_bytes``, then the rest in
         ``max_concurrency`` ranges fetched at once, each streamed into its place (so only a
         chunk per range is in flight besides the buffer; every request has a price, hence few
-        large ranges). ``known``: the metadata of a first range read earlier (tests)."""
+        large ranges). A small object is obstore's buffer as it is, unless its header must be
+        moved (an object written while serialized, see _Upload)."""
         import pyarrow as pa
 
         first_end = self.tuning.range_bytes
@@ -223,12 +227,12 @@ class ObjectStoreBackend:
             if not _NO_RANGE.search(str(exc)) or self._obstore.head(self._store, path)["size"]:
                 raise
             return memoryview(b"")  # not an entry: the reader logs a miss
-        meta, head = known or first.meta, first.bytes()
+        meta, head = first.meta, memoryview(first.bytes()).cast("B")
         size = meta["size"]
-        if size <= first_end:
-            return memoryview(head)
+        if size <= first_end and head[: len(_FOOTED)] != _FOOTED:
+            return head
         buffer = memoryview(pa.allocate_buffer(size)).cast("B")
-        buffer[:first_end] = memoryview(head).cast("B")
+        buffer[: head.nbytes] = head
         del head, first
         same = {"if_match": meta["e_tag"]} if meta["e_tag"] else {}
         step = max(-(-(size - first_end) // self.tuning.max_concurrency), first_end)
@@ -244,7 +248,7 @@ class ObjectStoreBackend:
                 raise OSError(f"a range of {path} ended at {at}, not {end}")
 
         list(self._pool().map(fetch, range(first_end, size, step)))  # raises a range's failure
-        return buffer
+        return _unfoot(buffer)
 
     def _pool(self) -> ThreadPoolExecutor:
         """The threads of ranged reads, made in the process that uses them (a pool inherited
@@ -257,29 +261,13 @@ class ObjectStoreBackend:
             return self._readers[1]
 
     def set(self, entry: EntryWriter) -> int:
-        path = self._path(entry.key)
-        tuning = self.tuning
-        if entry.in_memory and entry.planned_size() < tuning.multipart_from:
-            data = entry.to_bytes()
-            with self._call("put"):
-                self._obstore.put(self._store, path, memoryview(data), use_multipart=False)
-            return len(data)
-        fd, spool = tempfile.mkstemp(prefix=".arrowstash-", suffix=".spool", dir=tuning.spool_dir)
-        try:
-            source = _unlinked(fd, spool)
-            try:
-                size = entry.write(FileSink(fd))  # the spool file, its header patched in place
-                with self._call("multipart put"):
-                    self._obstore.put(self._store, path, source, chunk_size=tuning.part_bytes,
-                                      max_concurrency=tuning.max_concurrency,
-                                      use_multipart=size >= tuning.multipart_from)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            raise BackendError(f"cannot spool an entry for {self.url}: {exc}") from exc
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(spool)
+        """One PUT of an entry up to ``multipart_from``; a multipart upload of a larger one
+        while it is serialized. Whatever fails on the way (the serializer, a request) aborts
+        the upload, so that no parts are left behind."""
+        with self._call("put"), contextlib.ExitStack() as uploading:
+            upload = _Upload(self, self._path(entry.key), uploading)
+            size = entry.write(upload)
+            upload.finish()
         return size
 
     def delete(self, key: Key) -> bool:
@@ -325,7 +313,8 @@ class ObjectStoreBackend:
                 self._obstore.delete(self._store, paths)
 
     def entries(self, namespace: str | None = None) -> Iterator[EntryInfo]:
-        """Every readable entry, from two ranged reads (header, trailer); others are skipped."""
+        """Every readable entry, from two ranged reads (header, trailer; three where the header
+        follows the entry, see _Upload); others are skipped."""
         metas = [m for m in self._objects(namespace, None) if m["path"].endswith(SUFFIX)]
         for meta in metas:
             path, size = meta["path"], meta["size"]
@@ -333,6 +322,10 @@ class ObjectStoreBackend:
                 with self._call("read header"):
                     head = self._obstore.get_range(self._store, path, start=0,
                                                    length=min(ALIGN, size))
+                    if bytes(head[: len(_FOOTED)]) == _FOOTED and size >= 2 * ALIGN:
+                        size -= ALIGN  # the header is the object's last 64 bytes
+                        head = self._obstore.get_range(self._store, path, start=size,
+                                                       length=ALIGN)
                     start = trailer_offset(head, size)
                     tail = self._obstore.get_range(self._store, path, start=start, end=size)
                 yield describe(head, tail, size, f"{self.url}/{path}")
@@ -405,14 +398,77 @@ class ObjectStoreBackend:
             self._readers = None
 
 
-def _unlinked(fd: int, spool: str) -> Path:
-    """A path the uploader can open the spool file by. Where the system names open files
-    (Linux), the file is unlinked at once, so that a process killed mid-upload leaves none."""
-    by_fd = Path(f"/proc/self/fd/{fd}")
-    if by_fd.exists():
-        os.unlink(spool)
-        return by_fd
-    return Path(spool)
+class _Upload:
+    """The sink an entry is written into. Its bytes collect in memory, and an entry that ends
+    within ``multipart_from`` is put in one request, its header patched in place. Past that, a
+    multipart upload starts (obstore's writer: parts go up ``max_concurrency`` at a time while
+    the serializer writes on). The parts already sent cannot be patched, so the object starts
+    with the mark ``_FOOTED`` where the header belongs and ends with the header: a read moves
+    it back (:func:`_unfoot`). Other backends and smaller objects keep the plain format."""
+
+    def __init__(self, backend: ObjectStoreBackend, path: str,
+                 uploading: contextlib.ExitStack) -> None:
+        self._backend, self._path, self._uploading = backend, path, uploading
+        self._buffer = bytearray()
+        self._writer: Any = None
+        self._header = b""
+
+    def write(self, data: Any) -> None:
+        view = memoryview(data).cast("B")
+        tuning = self._backend.tuning
+        if self._writer is None:
+            if len(self._buffer) + view.nbytes <= tuning.multipart_from:
+                self._buffer += view
+                return
+            self._start()
+        # copied (the serializer may reuse its buffers once write returns) into parts that
+        # are ours, handed over as they are (the writer keeps them until they are uploaded)
+        step = tuning.part_bytes
+        for at in range(0, view.nbytes, step):
+            self._buffer += view[at : at + step]
+            if len(self._buffer) >= step:
+                self._hand_over()
+
+    def _start(self) -> None:
+        backend, tuning = self._backend, self._backend.tuning
+        # entered on set()'s ExitStack: an exception leaving it aborts the upload
+        self._writer = self._uploading.enter_context(backend._obstore.open_writer(
+            backend._store, self._path, buffer_size=tuning.part_bytes,
+            max_concurrency=tuning.max_concurrency))
+        self._buffer[: len(_FOOTED)] = _FOOTED  # over the header's placeholder
+        self._hand_over()
+
+    def _hand_over(self) -> None:
+        self._writer.write(self._buffer)
+        self._buffer = bytearray()
+
+    def patch(self, offset: int, data: bytes) -> None:
+        if offset != 0 or len(data) != ALIGN:
+            raise ValueError("only an entry's header is patched")
+        if self._writer is None:
+            self._buffer[:ALIGN] = data
+        else:
+            self._header = data
+
+    def finish(self) -> None:
+        """Put the collected entry, or end the upload with the header (completed when set()
+        leaves the ExitStack)."""
+        if self._writer is None:
+            backend = self._backend
+            backend._obstore.put(backend._store, self._path, memoryview(self._buffer),
+                                 use_multipart=False)
+        else:
+            self._buffer += self._header
+            self._hand_over()
+
+
+def _unfoot(view: memoryview) -> memoryview:
+    """The entry in an object read whole: as it is, or, for an object that starts with the
+    mark ``_FOOTED``, its last 64 bytes (the header) moved to the front, in place."""
+    if view.nbytes < 2 * ALIGN or view[: len(_FOOTED)] != _FOOTED:
+        return view
+    view[:ALIGN] = view[-ALIGN:]
+    return view[:-ALIGN]
 
 
 def _lease_end(body: bytes) -> float:
