@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from arrowstash.avro.decoder import native_inflate_available
+from arrowstash.avro.writer_decoder import native_inflate_available
 
 
 @pytest.fixture(params=["native", "python"])

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from _avro_strategies import schema_and_records, uuids_as_bytes, write
 from arrowstash import AvroDecodeError
 from arrowstash.avro import decode, decode_blocks, parse_schema
-from arrowstash.avro.decoder import decode_messages
+from arrowstash.avro.writer_decoder import decode_messages
 
 
 def read(schema: Any, messages: list[bytes]) -> list[Any]:

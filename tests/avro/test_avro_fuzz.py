@@ -157,7 +157,7 @@ def test_random_tables_encode_or_fail_cleanly(case: tuple[Any, list[Any]], threa
 def test_a_record_wider_than_128_fields_merges_across_threads() -> None:
     """The merge of the threads' parts kept child offsets in a 128-slot array even for records,
     writing past it for wider ones (found by scripts/asan.sh's UBSan)."""
-    from arrowstash.avro.decoder import _MIN_BYTES_PER_THREAD
+    from arrowstash.avro.writer_decoder import _MIN_BYTES_PER_THREAD
 
     width = 200
     schema = {"type": "record", "name": "Wide",

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from _avro_strategies import schema_and_records, write
 from arrowstash import AvroDecodeError
 from arrowstash.avro import decode_blocks, parse_schema
-from arrowstash.avro import decoder as codec
-from arrowstash.avro.decoder import decode_messages
+from arrowstash.avro import writer_decoder as codec
+from arrowstash.avro.writer_decoder import decode_messages
 
 pytestmark = pytest.mark.skipif(
     codec._cdecode is None, reason="the native Avro decoder is not built (no C compiler)"
@@ -265,7 +265,7 @@ def test_native_releases_the_gil_during_a_long_decode() -> None:
 
 def test_environment_switch_forces_the_python_decoder() -> None:
     code = (
-        "from arrowstash.avro import decoder as codec\n"
+        "from arrowstash.avro import writer_decoder as codec\n"
         "print(codec.native_available())\n"
     )
     env = dict(os.environ, ARROWSTASH_AVRO_NATIVE="0")

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from arrowstash.avro import decode, decode_plan, parse_schema
-from arrowstash.avro import decoder as decoder_module
+from arrowstash.avro import writer_decoder as decoder_module
 from arrowstash.avro.decoder import native_available
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="the native decoder is not built")

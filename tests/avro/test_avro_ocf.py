@@ -282,7 +282,7 @@ def test_a_bad_datum_in_a_later_run_names_its_file_block(tmp_path: Path, inflate
 def test_libdeflate_is_used_where_the_system_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
     import ctypes.util
 
-    from arrowstash.avro import decoder as codec
+    from arrowstash.avro import writer_decoder as codec
 
     if codec._cdecode is None:
         pytest.skip("the native Avro decoder is not built")
@@ -305,8 +305,8 @@ def test_blocks_that_inflate_far_past_their_size(tmp_path: Path, inflate: str) -
     for threads in (1, 2):
         assert _rows(read_ocf(path, threads=threads)) == records
     if inflate == "native":
-        from arrowstash.avro.decoder import decode_deflated
         from arrowstash.avro.ocf import _blocks, read_header
+        from arrowstash.avro.writer_decoder import decode_deflated
 
         data = memoryview(path.read_bytes())
         blocks, _ = _blocks(data, read_header(data))
@@ -328,8 +328,8 @@ def test_native_inflate_reads_what_python_inflate_reads(payload: bytes, level: i
                                                         flips: list[tuple[int, int]]) -> None:
     """A one-block deflate file of one ``bytes`` datum, its stream damaged or not: the same
     value, or the same error, whoever inflates."""
-    from arrowstash.avro.decoder import native_inflate_available
     from arrowstash.avro.ocf import _header_bytes, _long
+    from arrowstash.avro.writer_decoder import native_inflate_available
 
     if not native_inflate_available():
         pytest.skip("the native decoder is not built or the system has no libdeflate")
@@ -416,7 +416,7 @@ def test_the_native_block_scan_finds_what_the_python_one_finds(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same blocks and the same first problem, whether the C scanner walks the good blocks
     first or not: every truncation, a bad sync marker, negative and over-long varints."""
-    from arrowstash.avro import decoder as codec
+    from arrowstash.avro import writer_decoder as codec
     from arrowstash.avro.ocf import _blocks, _long, read_header
 
     if codec._cdecode is None:

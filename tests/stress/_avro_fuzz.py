@@ -23,7 +23,7 @@ import fastavro
 import pyarrow as pa
 
 from arrowstash.avro import parse_schema, read_ocf
-from arrowstash.avro.decoder import decode_messages
+from arrowstash.avro.writer_decoder import decode_messages
 from arrowstash.errors import ArrowstashError
 
 ADDRESS = {"type": "record", "name": "Address", "fields": [

@@ -72,7 +72,9 @@ from arrowstash.avro.schema import (
     Record,
     Union,
     describe,
+    parse_schema,
 )
+from arrowstash.avro.writer_decoder import decode_messages
 from arrowstash.errors import AvroDecodeError, AvroSchemaError
 
 
@@ -254,15 +256,14 @@ def _kept(t: Record, at: Any, path: str) -> tuple[Node, Normalize]:
     """Values of a recursive record given as their own encoding (as decode keeps them): each
     must decode as one whole value of ``t`` (with the structure below checked as decode checks
     it), and is then written unchanged."""
-    from arrowstash.avro.decoder import decode  # the decoder compiles through arrow_types too
-
     schema = type_json(t)
     to_binary = cast_to(pa.binary())
 
     def check(arr: Any) -> Any:
         arr = arr if arr.type == pa.binary() else to_binary(arr)
         try:
-            decode(arr.drop_null() if arr.null_count else arr, schema, threads=1)
+            decode_messages(arr.drop_null() if arr.null_count else arr, parse_schema(schema),
+                            threads=1)
         except AvroDecodeError as exc:
             raise PlanError(path, f"the bytes are not one whole Avro {describe(t)}: {exc}") \
                 from None

@@ -11,11 +11,11 @@ import pyarrow as pa
 
 import arrowstash.avro._python.encoder as _encode
 from arrowstash import config
-from arrowstash.avro.decoder import warn_pure_python
 from arrowstash.avro.encode_nodes import K_RECORD, Node, PlanError
 from arrowstash.avro.encode_plan import Plan, compile_plan, same_layout
 from arrowstash.avro.schema import Schema, SchemaLike, parse_schema
 from arrowstash.avro.threads import thread_count
+from arrowstash.avro.writer_decoder import warn_pure_python
 from arrowstash.errors import AvroEncodeError
 
 __all__ = ["encode"]

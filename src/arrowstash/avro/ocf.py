@@ -26,13 +26,6 @@ from typing import IO, Any, BinaryIO, TypeAlias
 
 import pyarrow as pa
 
-from arrowstash.avro.decoder import (
-    decode_blocks,
-    decode_deflated,
-    decode_stream,
-    native_inflate_available,
-    scan_blocks,
-)
 from arrowstash.avro.encoder import encode
 from arrowstash.avro.framing import offsets_and_data
 from arrowstash.avro.from_arrow import from_arrow_schema
@@ -54,6 +47,13 @@ from arrowstash.avro.ocf_codecs import Corrupt as _Corrupt
 from arrowstash.avro.resolve import pruned, resolve
 from arrowstash.avro.schema import Record, Schema, parse_schema
 from arrowstash.avro.threads import thread_count
+from arrowstash.avro.writer_decoder import (
+    decode_blocks,
+    decode_deflated,
+    decode_stream,
+    native_inflate_available,
+    scan_blocks,
+)
 from arrowstash.errors import AvroDecodeError, AvroSchemaError
 
 __all__ = ["CODECS", "MAX_BYTES", "MAX_ROWS", "Header", "codec_name", "header_of", "read_header",

@@ -35,6 +35,7 @@ from arrowstash.avro.arrow_types import (
     type_json,
 )
 from arrowstash.avro.default_arrays import default_array, dense_union
+from arrowstash.avro.encoder import encode
 from arrowstash.avro.numpy_import import numpy as np
 from arrowstash.avro.schema import (
     Array,
@@ -52,6 +53,7 @@ from arrowstash.avro.schema import (
     describe,
     parse_schema,
 )
+from arrowstash.avro.writer_decoder import decode_messages
 from arrowstash.errors import AvroDecodeError, AvroSchemaError
 
 __all__ = ["pruned", "resolve"]
@@ -471,20 +473,19 @@ def _record(arr: pa.Array, w: Record, r: Record, path: str) -> pa.Array:
 
 def _kept(arr: pa.Array, w: Record, r: Record, path: str) -> pa.Array:
     """Values of a recursive writer record, kept as their encoding (a binary column): the same
-    bytes when the reader's record is the same; else decoded with the reader's schema, and
-    encoded again with it when the reader keeps them as bytes too. Each level of nesting where
+    bytes when the reader's record is the same; else decoded and resolved to the reader's schema,
+    and encoded again with it when the reader keeps them as bytes too. Each level of nesting where
     the two differ is one more decode, so deep data past Python's recursion limit is refused."""
     same = type_json(w) == type_json(r)
     if same:
         return arr
-    from arrowstash.avro.decoder import decode  # the decoder resolves through this module
-    from arrowstash.avro.encoder import encode
-
     valid = arr.drop_null() if arr.null_count else arr
     if not len(valid):  # no values (the recursion ends here)
         return pa.nulls(len(arr), arrow_type(r))
-    try:
-        batch = decode(valid, type_json(w), reader_schema=type_json(r))
+    try:  # decoded with the writer's schema, then resolved here, level by level
+        reader = parse_schema(type_json(r))
+        writer = pruned(parse_schema(type_json(w)), reader)
+        batch = resolve(decode_messages(valid, writer)[0], writer, reader)
         values: pa.Array = (encode(batch, type_json(r)) if is_recursive(r)
                             else batch.to_struct_array())
     except RecursionError:
