@@ -594,7 +594,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_cdecode", "The native Avro decoder (see decoder.py).", -1, methods,
+    PyModuleDef_HEAD_INIT, "_cdecode", "The native Avro decoder (see writer_decoder.py).", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__cdecode(void) {
