@@ -62,11 +62,11 @@ def test_the_defaults_are_documented_and_sane() -> None:
 def test_a_file_declaring_2_to_the_30_rows_is_refused_before_any_decompression() -> None:
     """The 32 kB zstandard file of the issue: its one block declares 2**30 rows."""
     data = _file("zstandard", [(1 << 30, COMPRESS["zstandard"](bytes(1 << 20)))])
-    started = time.perf_counter()
+    started = time.process_time()  # CPU time: a loaded machine's stall is not the code's
     with pytest.raises(AvroDecodeError, match=r"declare 1073741824 rows, more than "
                                               r"max_rows=268435456"):
         read_ocf(data)
-    assert time.perf_counter() - started < 0.1
+    assert time.process_time() - started < 0.1
 
 
 @pytest.mark.parametrize("codec", sorted(COMPRESS))
