@@ -163,8 +163,25 @@ def test_a_read_never_mixes_two_versions_of_an_entry(s3_server: S3Server, unique
     assert set(ArraySerializer().decode(entry.meta, entry.sections)) == {2.0}
 
 
-_HIT = r"""
-import ctypes, gc, json, sys
+#: What both fresh-process probes below start with: the peak-RSS mark, reset and read (Linux).
+_PEAK = r"""
+import ctypes, gc
+
+def status(field):
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith(field + ":"))
+
+def reset_peak():
+    # freed memory back to the OS, the high-water mark reset to VmRSS, which is returned
+    gc.collect(); ctypes.CDLL(None).malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return status("VmRSS")
+"""
+
+
+_HIT = _PEAK + r"""
+import json, sys
 import numpy as np
 from arrowstash.backends.object_store import ObjectStoreBackend, Tuning
 from arrowstash.entry.format import Key, parse_entry
@@ -180,13 +197,7 @@ def hit(name):
     return serializer.decode(entry.meta, entry.sections)
 
 hit("small")  # warm: threads, connections, imports
-gc.collect(); ctypes.CDLL(None).malloc_trim(0)
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
-def status(field):
-    with open("/proc/self/status") as f:
-        return next(int(l.split()[1]) * 1024 for l in f if l.startswith(field + ":"))
-base = status("VmRSS")
+base = reset_peak()
 value = hit("large")
 print(json.dumps({"rise": status("VmHWM") - base, "size": value.nbytes,
                   "sum": float(value[::4096].sum())}))
@@ -211,8 +222,8 @@ def test_a_hit_holds_the_value_about_once(s3_server: S3Server, unique_prefix: st
     assert figures["rise"] / large.nbytes < 1.2, figures
 
 
-_STORE = r"""
-import ctypes, gc, json, sys, time
+_STORE = _PEAK + r"""
+import json, sys, time
 import numpy as np
 from arrowstash.backends.object_store import ObjectStoreBackend, Tuning
 from arrowstash.entry.format import EntryWriter, Key
@@ -228,13 +239,7 @@ def store(name, value):
 
 value = np.random.default_rng(6).random(16 << 20)
 store("small", value[: 2 << 20])  # warm: threads, connections, imports
-gc.collect(); ctypes.CDLL(None).malloc_trim(0)
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
-def status(field):
-    with open("/proc/self/status") as f:
-        return next(int(l.split()[1]) * 1024 for l in f if l.startswith(field + ":"))
-base = status("VmRSS")
+base = reset_peak()
 size = store("large", value)
 print(json.dumps({"rise": status("VmHWM") - base, "value": value.nbytes, "entry": size}))
 """
