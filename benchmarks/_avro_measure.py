@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from _order import shuffled_rounds
+
 HELPER = """#include <valgrind/callgrind.h>
 void cg_start(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; }
 void cg_stop(const char *name) { CALLGRIND_STOP_INSTRUMENTATION; CALLGRIND_DUMP_STATS_AT(name); }
@@ -63,7 +65,7 @@ def quiet_call(fn: Callable[[], Any]) -> tuple[Any, str]:
 
 
 def interleaved(contenders: dict[str, Callable[[], Any]], rounds: int) -> dict[str, Result]:
-    """Median wall and CPU seconds per contender, one call each per round in rotating order
+    """Median wall and CPU seconds per contender, one call each per round in a shuffled order
     (after one untimed call each, which also finds the contenders that cannot run)."""
     failed = {}
     for name, fn in contenders.items():
@@ -73,8 +75,8 @@ def interleaved(contenders: dict[str, Callable[[], Any]], rounds: int) -> dict[s
     names = [n for n in contenders if n not in failed]
     walls: dict[str, list[float]] = {n: [] for n in names}
     cpus: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        for name in names[r % max(len(names), 1):] + names[: r % max(len(names), 1)]:
+    for order in shuffled_rounds(names, rounds):
+        for name in order:
             wall, cpu = time.perf_counter(), time.process_time()
             contenders[name]()
             cpus[name].append(time.process_time() - cpu)

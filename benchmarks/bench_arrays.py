@@ -41,8 +41,9 @@ Before each timed operation the child writes and deletes a scratch file of the d
 otherwise dominate whichever operation ran after an idle spell). That happens before the
 peak-RSS reset and is not counted.
 
-Repeats are interleaved (every contender once per round, in a rotating order) and medians are
-reported as Markdown tables, followed by the targets of the arrays issue (PASS/FAIL).
+Repeats are interleaved (every contender once per round, in a seeded shuffled order, see
+``_order.py``) and medians are reported as Markdown tables, followed by the targets of the
+arrays issue (PASS/FAIL).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ from typing import Any
 
 import _probes
 from _charts import chart, plot_option
+from _order import shuffled_rounds
 
 MIB = 1 << 20
 TINY = -1  # the tag of the warm-up value
@@ -415,9 +417,8 @@ def run(quick: bool, repeats: int, tmp: str | None, plot: str | None = None) -> 
         seed = root / "seed.f64"
         _write_seed(seed, max(sizes.values()))
         writers = list(WRITERS)
-        for round_ in range(repeats):
+        for round_, order in enumerate(shuffled_rounds(writers, repeats)):
             for case, nbytes in sizes.items():
-                order = writers[round_ % len(writers):] + writers[: round_ % len(writers)]
                 for writer in order:
                     folder = root / case / writer.replace(" ", "_").replace('"', "")
                     common = [case, str(folder), str(seed), str(nbytes)]

@@ -33,9 +33,11 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from itertools import chain
 from typing import Any
 
 from _charts import chart, plot_option
+from _order import shuffled_rounds
 
 AS, AS_NOLOCK, CK, FLOOR = "arrowstash", "arrowstash lock=False", "cachekit", "floor"
 HOT, WORKERS, MAX_OPS = 1_000, 4, 2_000_000  # throughput: stored keys, processes, op cap
@@ -73,11 +75,6 @@ def decorate(lib: str, frame: bool, url: str, body: Callable[[int], Any]) -> Any
 
     extra = {"serializer": CKArrow(compression="zstd")} if frame else {}
     return cache(backend=CKRedis(url), l1_enabled=False, **extra)(body)
-
-
-def rotations(names: list[str], rounds: int) -> Iterator[str]:
-    for r in range(rounds):
-        yield from names[r % len(names):] + names[: r % len(names)]
 
 
 @contextlib.contextmanager
@@ -141,7 +138,7 @@ def small_hits(libs: list[str], url: str, rounds: int, batch_ns: float) -> Sampl
             raise SystemExit(f"{name}: wrong result")
         batch[name] = max(20, round(200 * batch_ns / time_calls(fn, 200)[0]))  # also warms up
     times: Samples = {name: [] for name in fns}
-    for name in rotations(list(fns), rounds):
+    for name in chain.from_iterable(shuffled_rounds(list(fns), rounds)):
         wall, cpu = time_calls(fns[name], batch[name])
         times[name].append((wall / batch[name] / 1000, cpu / batch[name] / 1000))
     for lib in libs:  # every call but the first a hit, none from an L1
@@ -200,7 +197,7 @@ def frames(libs: list[str], url: str, df: Any, repeats: int, hits: int) -> dict[
     ops.update({lib: cached_frame(lib, f"{url}/{dbs[lib]}", df) for lib in libs})
     samples: dict[str, dict[str, list[float]]] = {
         n: {"store": [], "store_cpu": [], "hit": [], "hit_cpu": []} for n in ops}
-    for name in rotations(list(ops), repeats):
+    for name in chain.from_iterable(shuffled_rounds(list(ops), repeats)):
         clients[name].flushdb()
         gc.collect()
         for step, op in zip(("store", "hit"), ops[name], strict=True):
@@ -263,7 +260,7 @@ def load(libs: list[str], url: str, rounds: int, seconds: float) -> dict[str, di
             raise SystemExit(f"{lib}: {runs[0]} runs storing {HOT} keys")
     samples: dict[str, list[float]] = {lib: [] for lib in libs}
     missed = dict.fromkeys(libs, 0)
-    for i, lib in enumerate(rotations(libs, rounds)):
+    for i, lib in enumerate(chain.from_iterable(shuffled_rounds(libs, rounds))):
         rate, misses = throughput(lib, urls[lib], seconds, i)
         samples[lib].append(rate)
         missed[lib] += misses

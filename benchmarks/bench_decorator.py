@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 
 import arrowstash
 from _charts import chart, plot_option
+from _order import shuffled_rounds
 
 Record = dict[str, Any]
 Func = Callable[[int], Record]
@@ -206,10 +207,9 @@ def warm(c: Contender, batch_ns: float) -> None:
 
 
 def measure(contenders: list[Contender], rounds: int) -> None:
-    """One batch per contender per round, starting each round one contender further on."""
-    for r in range(rounds):
-        shift = r % len(contenders)
-        for c in contenders[shift:] + contenders[:shift]:
+    """One batch per contender per round, in an order shuffled each round."""
+    for order in shuffled_rounds(contenders, rounds):
+        for c in order:
             metrics_for(c)
             wall, cpu = time_calls(c.fn, c.batch)
             c.times.append(wall / c.batch)

@@ -34,6 +34,7 @@ os.environ.setdefault("CACHEKIT_MAX_VALUE_SIZE", str(1 << 40))  # cachekit refus
 import pandas as pd
 
 from _charts import chart, plot_option
+from _order import shuffled_rounds
 from bench_backends import redis_server
 
 PLAIN, ENC, READ, CK = ("arrowstash plain", "arrowstash encrypted",
@@ -104,8 +105,7 @@ def measure(kind: str, value_name: str, value: Any, names: list[str], url: str, 
                              f"(body ran {len(runs)} times)")
         calls[name] = fn
         stores[name] = stored
-    for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
+    for order in shuffled_rounds(names, rounds):
         for name in order:
             fn = calls[name]
             started, cpu = time.perf_counter(), time.process_time()

@@ -45,6 +45,7 @@ import pyarrow.feather as feather
 
 import _probes
 from _charts import chart, plot_option
+from _order import shuffled_rounds
 
 FORMATS = ("pandas", "polars", "arrow")
 OURS = FORMATS if importlib.util.find_spec("polars") else ("pandas", "arrow")
@@ -254,8 +255,8 @@ def measure(names: list[str], df: pd.DataFrame, root: Path, repeats: int, hits: 
     results: dict[str, dict[str, Any]] = {n: {} for n in names}
     nbytes = int(df.memory_usage(deep=True).sum())
     os.sync()
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+    for r, order in enumerate(shuffled_rounds(names, repeats)):
+        for name in order:
             c, samples = contenders[name], times[name]
             gc.collect()
             _probes.prefault(root / "scratch", nbytes)
