@@ -49,6 +49,10 @@ struct ArrowArrayStream {
 
 #define GROUP 64           /* values per step: one 64-bit word of the validity bitmap */
 #define SCRATCH (1 << 15)  /* bytes of the length stream hashed per update */
+/* Bytes of offsets prefetched ahead, every cache line of them: on flights' string columns, read
+ * from memory, 8 KiB took the pass from 1.3x the time of an xxh3 pass over the same offsets to
+ * 1.0x (2 KiB: 1.2x, 32 KiB: 1.25x). */
+#define AHEAD 8192
 #define NULL_CODE 254
 #define LONG_CODE 255
 
@@ -144,35 +148,54 @@ static Py_ssize_t slow_group(Sink *s, uint8_t *dst, const void *offsets, int wid
     return out - dst;
 }
 
-/* One chunk's lengths into the sink, 64 values a step: each length saturated to a byte, and the
- * step redone value by value only when a length is 254 or more. */
+/* A group of 64 values: each length saturated to a byte; whether one is 254 or more. Written
+ * for the vectoriser: a fixed count, and the test on the byte rather than on the length. */
+static inline int group64(uint8_t *restrict dst, const int64_t *restrict o) {
+    uint8_t big = 0;
+    for (int j = 0; j < GROUP; j++) {
+        uint64_t d = (uint64_t)o[j + 1] - (uint64_t)o[j];
+        uint8_t code = d < LONG_CODE ? (uint8_t)d : LONG_CODE;
+        dst[j] = code;
+        big |= code >= NULL_CODE;
+    }
+    return big;
+}
+
+static inline int group32(uint8_t *restrict dst, const int32_t *restrict o) {
+    uint8_t big = 0;
+    for (int j = 0; j < GROUP; j++) {
+        uint32_t d = (uint32_t)o[j + 1] - (uint32_t)o[j];
+        uint8_t code = d < LONG_CODE ? (uint8_t)d : LONG_CODE;
+        dst[j] = code;
+        big |= code >= NULL_CODE;
+    }
+    return big;
+}
+
+/* One chunk's lengths into the sink, 64 values a step: the step is redone value by value only
+ * when a length is 254 or more, and a null's byte is patched in place. The last, partial step
+ * goes value by value. */
 CLONES static int chunk_lengths(Sink *s, const void *offsets, int wide, int64_t first,
                                 int64_t n, const uint8_t *validity) {
     int64_t vsize = (first + n + 7) >> 3;
     for (int64_t i = 0; i < n; i += GROUP) {
         int64_t count = n - i < GROUP ? n - i : GROUP;
         if (s->used + 9 * GROUP > SCRATCH && flush(s) < 0) return -1;
-        uint8_t *restrict dst = s->buf + s->used;
-        uint64_t big = 0;
-        if (wide) {
-            const int64_t *o = (const int64_t *)offsets + first + i;
-            __builtin_prefetch(o + 16 * GROUP);
-            for (int64_t j = 0; j < count; j++) {
-                uint64_t d = (uint64_t)o[j + 1] - (uint64_t)o[j];
-                big |= d >= NULL_CODE;
-                dst[j] = d < LONG_CODE ? (uint8_t)d : LONG_CODE;
-            }
-        } else {
-            const int32_t *o = (const int32_t *)offsets + first + i;
-            __builtin_prefetch(o + 16 * GROUP);
-            for (int64_t j = 0; j < count; j++) {
-                uint32_t d = (uint32_t)o[j + 1] - (uint32_t)o[j];
-                big |= d >= NULL_CODE;
-                dst[j] = d < LONG_CODE ? (uint8_t)d : LONG_CODE;
-            }
-        }
+        uint8_t *dst = s->buf + s->used;
         uint64_t all = count == GROUP ? ~UINT64_C(0) : (UINT64_C(1) << count) - 1;
         uint64_t valid = validity ? bits_at(validity, vsize, first + i, count) : all;
+        int big = 1;
+        if (count == GROUP && wide) {
+            const int64_t *o = (const int64_t *)offsets + first + i;
+            for (int line = 0; line < GROUP * 8; line += 64)
+                __builtin_prefetch((const char *)o + AHEAD + line);
+            big = group64(dst, o);
+        } else if (count == GROUP) {
+            const int32_t *o = (const int32_t *)offsets + first + i;
+            for (int line = 0; line < GROUP * 4; line += 64)
+                __builtin_prefetch((const char *)o + AHEAD + line);
+            big = group32(dst, o);
+        }
         if (!big) {  /* each byte is its value's length: nulls are patched in place */
             for (uint64_t nulls = ~valid & all; nulls; nulls &= nulls - 1) {
                 int j = __builtin_ctzll(nulls);

@@ -310,9 +310,11 @@ def string_digests(obj: Any, native: bool) -> bytes:
     lengths_h, data_h = xxhash.xxh3_128(), xxhash.xxh3_128()
     if native:
         stream = getattr(obj, "__arrow_c_stream__", None)  # ChunkedArray, pyarrow 16
-        chunks = obj.chunks if isinstance(obj, pa.ChunkedArray) else [obj]
-        for source in [stream()] if stream is not None else [c.__arrow_c_array__() for c in chunks]:
-            _native(source, lengths_h.update, data_h.update)
+        if stream is not None:
+            _native(stream(), lengths_h.update, data_h.update)
+        else:
+            for chunk in obj.chunks if isinstance(obj, pa.ChunkedArray) else [obj]:
+                _native(chunk.__arrow_c_array__(), lengths_h.update, data_h.update)
     else:
         _streams_numpy(obj, lengths_h.update, data_h.update)
     return lengths_h.digest() + data_h.digest()
