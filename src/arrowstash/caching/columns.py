@@ -132,9 +132,13 @@ def _pandas_index(hasher: Any, index: Any) -> None:
 
 
 def _series_values(hasher: Any, values: Any) -> None:
-    """A column (a Series, an Index, or the array behind them): its type, then its values."""
-    hasher.tag(b"t", str(values.dtype).encode())
-    _values(hasher, values)
+    """A column (a Series, an Index, or the array behind them): its type, then its values
+    (an extension array as it is: what ``pa.array`` would convert, without its dispatch)."""
+    import numpy as np
+
+    dtype = values.dtype
+    hasher.tag(b"t", str(dtype).encode())
+    _values(hasher, values if isinstance(dtype, np.dtype) else getattr(values, "array", values))
 
 
 def _values(hasher: Any, values: Any) -> None:
