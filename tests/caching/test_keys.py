@@ -154,6 +154,10 @@ def test_different_values_give_different_keys(a: Any, b: Any) -> None:
 
 words = st.lists(st.one_of(st.none(), st.text(max_size=6)), min_size=1, max_size=30)
 numbers = st.lists(st.one_of(st.none(), st.integers(-2**40, 2**40)), min_size=1, max_size=30)
+#: Strings around the length stream's escape (254 bytes or more), and nulls.
+sized = st.lists(st.one_of(st.none(), st.text(max_size=6),
+                           st.integers(250, 300).map(lambda k: "é" * (k // 2) + "x" * (k % 2))),
+                 min_size=1, max_size=40)
 
 
 def layouts(table: pa.Table, tmp: Path) -> list[Any]:
@@ -255,7 +259,7 @@ def test_numbers_equal_in_every_layout(n: list[Any], cuts: list[int]) -> None:
 
 
 @settings(max_examples=80, deadline=None)
-@given(words, st.integers(0, 29), st.lists(st.integers(0, 30), max_size=3))
+@given(sized, st.integers(0, 39), st.lists(st.integers(0, 30), max_size=3))
 def test_a_changed_or_moved_value_changes_the_key(s: list[Any], at: int, cuts: list[int]) -> None:
     assume(at < len(s))
     array = pa.array(s, pa.string())
@@ -370,43 +374,78 @@ def test_empty_and_all_null_columns_in_every_layout() -> None:
     assert digest_of(pd.DataFrame({"a": pd.array([], dtype="str")})) != digest_of(pd.DataFrame())
 
 
-def _with_filled_null_slot(values: list[str], at: int) -> pa.Array:
-    """``values`` with a null at ``at`` whose slot still spans its bytes (as some kernels leave)."""
-    clean = pa.array(values, pa.large_string())
-    valid = np.ones(len(values), bool)
-    valid[at] = False
-    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little").tobytes())
+NATIVE = columns._native is not None
+needs_native = pytest.mark.skipif(not NATIVE, reason="the C helper _lengths is not built")
+
+
+
+def _with_null_slots(values: list[Any], where: list[bool], kind: Any) -> pa.Array:
+    """``values`` with nulls where ``where`` is set, whose slots still span their bytes (as
+    some kernels leave them)."""
+    clean = pa.array(values, kind)
+    bitmap = pa.py_buffer(np.packbits(~np.array(where, bool), bitorder="little").tobytes())
     _, offsets, data = clean.buffers()
-    return pa.Array.from_buffers(pa.large_string(), len(values), [bitmap, offsets, data], 1)
+    return pa.Array.from_buffers(kind, len(values), [bitmap, offsets, data])
 
 
-@settings(max_examples=40, deadline=None)
-@given(words, st.integers(0, 40), st.lists(st.integers(0, 30), max_size=3))
-def test_compiled_lengths_match_their_numpy_twin(s: list[Any], skip: int,
-                                                 cuts: list[int]) -> None:
+def _streams(obj: Any, native: bool) -> tuple[bytes, bytes]:
+    lengths, data = bytearray(), bytearray()
+    if native:
+        columns._native(obj.__arrow_c_array__(), lengths.extend, data.extend)
+    else:
+        columns._streams_numpy(obj, lengths.extend, data.extend)
+    return bytes(lengths), bytes(data)
+
+
+@pytest.mark.parametrize("native", [pytest.param(True, marks=needs_native), False])
+def test_the_length_stream_is_a_byte_per_value_with_escapes_and_a_null_code(
+        native: bool) -> None:
+    values = ["ab", None, "x" * 253, "x" * 254, "", "é" * 200]
+    for kind in (pa.string(), pa.large_string(), pa.binary(), pa.large_binary()):
+        lengths, data = _streams(pa.array(values, kind), native)
+        assert lengths == bytes([2, 254, 253, 255, 254, 0, 0, 0, 0, 0, 0, 0, 0, 255]) + \
+            (400).to_bytes(8, "little")
+        assert data == b"ab" + b"x" * 507 + "é".encode() * 200
+
+
+@needs_native
+@settings(max_examples=80, deadline=None)
+@given(sized, st.integers(0, 300), st.lists(st.integers(0, 40), max_size=3))
+def test_the_c_helper_and_its_numpy_twin_give_the_same_digests(
+        s: list[Any], skip: int, cuts: list[int]) -> None:
     padded = pa.array(["x" * skip, *s, "end"], pa.string()).slice(1, len(s))
-    for array in (padded, rechunked(padded.cast(pa.large_string()), cuts)):
+    for array in (padded, padded.cast(pa.large_binary()), rechunked(padded, cuts),
+                  rechunked(padded.cast(pa.large_string()), cuts)):
         chunks = array.chunks if isinstance(array, pa.ChunkedArray) else [array]
-        wide = pa.types.is_large_string(array.type)
-        assert columns._string_streams(chunks, wide, "", columns._lengths, "I") == \
-            columns._string_streams(chunks, wide, "", columns._lengths_numpy, "I")
+        twin = columns.string_digests(array, native=False)
+        assert columns.string_digests(array, native=True) == twin  # through the C stream
+        each = pa.chunked_array(chunks, array.type).combine_chunks()
+        assert columns.string_digests(each, native=True) == twin  # through __arrow_c_array__
 
 
-def test_lengths_over_blocks_and_null_slots_spanning_bytes() -> None:
-    values = [f"v{i % 97}" * (i % 5) for i in range(3 * columns._BLOCK + 11)]
-    spanning = _with_filled_null_slot(values, columns._BLOCK + 3)
-    emptied = pa.array([*values[:columns._BLOCK + 3], None, *values[columns._BLOCK + 4:]],
+@settings(max_examples=60, deadline=None)
+@given(sized, st.data())
+def test_bytes_under_null_slots_never_reach_the_key(s: list[Any], data: Any) -> None:
+    values = [v or "" for v in s]
+    where = data.draw(st.lists(st.booleans(), min_size=len(s), max_size=len(s)))
+    emptied = pa.array([None if w else v for v, w in zip(values, where, strict=True)],
                        pa.string())
+    spanning = _with_null_slots(values, where, pa.large_string())
+    digests = {digest_of(spanning), digest_of(emptied), digest_of(emptied.cast(pa.string_view()))}
+    assert len(digests) == 1
+    for native in [True, False] if NATIVE else [False]:
+        assert columns.string_digests(spanning, native) == columns.string_digests(emptied, native)
+
+
+def test_streams_across_scratch_buffers_and_null_slots_spanning_bytes() -> None:
+    """Over 100,000 values the length stream goes to the hasher in several scratch buffers."""
+    values = [f"v{i % 97}" * (i % 5) + ("y" * 300 if i % 1000 == 7 else "")
+              for i in range(100_003)]
+    where = [i % 613 == 5 for i in range(len(values))]
+    spanning = _with_null_slots(values, where, pa.string())
+    emptied = pa.array([None if w else v for v, w in zip(values, where, strict=True)],
+                       pa.large_string())
     assert digest_of(spanning) == digest_of(emptied) == digest_of(emptied.cast(pa.string_view()))
-    for lengths in (columns._lengths, columns._lengths_numpy):
-        streams = columns._string_streams([spanning], True, "", lengths, "I")
-        assert streams == columns._string_streams([emptied], False, "", lengths, "I")
     assert digest_of(spanning) != digest_of(pa.array(values, pa.string()))
-
-
-def test_a_value_of_2_gib_is_told_apart_from_short_ones() -> None:
-    """Lengths are hashed as 32-bit numbers; a large chunk holding a value of 2 GiB or more
-    (which no string or string_view column can hold) is noticed and keyed by 64-bit lengths."""
-    offsets = pa.py_buffer(np.array([0, 5, 5 + 2**31, 2**31 + 6], "<i8").tobytes())
-    assert columns._longest(offsets, 0, 3) and not columns._longest(offsets, 0, 1)
-    assert not columns._longest(pa.py_buffer(np.array([0, 2**31 - 1], "<i8").tobytes()), 0, 1)
+    if NATIVE:
+        assert columns.string_digests(spanning, True) == columns.string_digests(emptied, False)

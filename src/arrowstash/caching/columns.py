@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import importlib
 import itertools
-import threading
 import weakref
 from typing import Any
 
@@ -45,9 +44,14 @@ def _numpy(hasher: Any, array: Any) -> None:
 
 
 def _raw(values: Any) -> Any:
-    """The bytes of fixed-width values (as bytes: a buffer of datetimes cannot be exported)."""
+    """The bytes of fixed-width values: a contiguous array as it is (a view costs more than
+    the hash of a short column), else a contiguous copy; datetimes viewed as bytes, since
+    their buffer cannot be exported."""
     import numpy as np
 
+    if isinstance(values, np.ndarray) and values.flags.c_contiguous \
+            and values.dtype.kind not in "mM":
+        return values
     return np.ascontiguousarray(values).reshape(-1).view(np.uint8)
 
 
@@ -80,13 +84,10 @@ def _frame(hasher: Any, frame: Any) -> None:
     hasher.tag(b"F", str(frame.shape).encode())
     _pandas_index(hasher, frame.columns)
     _pandas_index(hasher, frame.index)
-    blocks, width = frame._mgr.blocks, frame.shape[1]
-    owner, row = np.empty(width, np.intp), np.empty(width, np.intp)
-    dtypes = np.empty(width, object)
-    for number, block in enumerate(blocks):
-        where = block.mgr_locs.as_array
-        owner[where], row[where], dtypes[where] = number, np.arange(len(where)), str(block.dtype)
-    hasher.tag(b"t", "\0".join(dtypes).encode())
+    manager, width = frame._mgr, frame.shape[1]
+    blocks, owner, row = manager.blocks, manager.blknos, manager.blklocs  # cached by pandas
+    names = [_dtype_name(block.dtype) for block in blocks]
+    hasher.tag(b"t", "\0".join([names[number] for number in owner.tolist()]).encode())
     if not width:
         return
     breaks = np.flatnonzero((owner[1:] != owner[:-1]) | (row[1:] != row[:-1] + 1)) + 1
@@ -97,7 +98,23 @@ def _frame(hasher: Any, frame: Any) -> None:
             hasher.h.update(_raw(values[row[start] : row[start] + stop - start]))
         else:
             for position in range(start, stop):
-                _values(hasher, frame._mgr.iget_values(position))
+                _values(hasher, manager.iget_values(position))
+
+
+#: The names of the dtypes seen, by identity (equal dtypes can print differently, and a name
+#: is part of keys): a frame's blocks mostly share a few dtype objects.
+_DTYPE_NAMES: dict[int, tuple[Any, str]] = {}
+
+
+def _dtype_name(dtype: Any) -> str:
+    held = _DTYPE_NAMES.get(id(dtype))
+    if held is not None and held[0] is dtype:
+        return held[1]
+    if len(_DTYPE_NAMES) >= 256:
+        _DTYPE_NAMES.clear()
+    name = str(dtype)
+    _DTYPE_NAMES[id(dtype)] = (dtype, name)  # holding the dtype keeps its id from being reused
+    return name
 
 
 def _pandas_index(hasher: Any, index: Any) -> None:
@@ -115,14 +132,19 @@ def _pandas_index(hasher: Any, index: Any) -> None:
 
 
 def _series_values(hasher: Any, values: Any) -> None:
-    """A column (a Series, an Index, or the array behind them): its type, then its values."""
-    hasher.tag(b"t", str(values.dtype).encode())
-    _values(hasher, values)
+    """A column (a Series, an Index, or the array behind them): its type, then its values
+    (an extension array as it is: what ``pa.array`` would convert, without its dispatch)."""
+    import numpy as np
+
+    dtype = values.dtype
+    hasher.tag(b"t", str(dtype).encode())
+    _values(hasher, values if isinstance(dtype, np.dtype) else getattr(values, "array", values))
 
 
 def _values(hasher: Any, values: Any) -> None:
     """A column's values: NumPy numbers as their bytes (the column's type and length are
-    hashed before), anything else through Arrow, else one by one."""
+    hashed before), anything else through Arrow (an extension array's own ``__arrow_array__``,
+    what ``pa.array`` would call, minus its dispatch), else one by one."""
     import numpy as np
 
     dtype = values.dtype
@@ -131,8 +153,9 @@ def _values(hasher: Any, values: Any) -> None:
         return
     import pyarrow as pa
 
+    to_arrow = getattr(values, "__arrow_array__", None)
     try:
-        array = pa.array(values, from_pandas=True)
+        array = to_arrow() if to_arrow is not None else pa.array(values, from_pandas=True)
     except (pa.ArrowException, TypeError, ValueError):
         for item in values.tolist():
             hasher.value(item)
@@ -190,41 +213,51 @@ def _arrow_content(hasher: Any, obj: Any) -> None:
 
 def _type_name(t: Any) -> str:
     """The type as a key sees it: string, large_string and string_view hold the same values
-    (and so do the binary ones); a dictionary column is its values."""
+    (and so do the binary ones)."""
+    kind = _kinds().get(t.id)
+    return kind[1] if kind else str(t)
+
+
+@functools.cache
+def _kinds() -> dict[int, tuple[str, str]]:
+    """By Arrow type id, the types keyed as strings: how they are read, and the name keys use."""
     import pyarrow as pa
 
-    if pa.types.is_dictionary(t):
-        t = t.value_type
-    if t in (pa.large_string(), pa.string_view()):
-        return "string"
-    if t in (pa.large_binary(), pa.binary_view()):
-        return "binary"
-    return str(t)
+    kinds = {pa.string().id: ("offsets", "string"), pa.large_string().id: ("offsets", "string"),
+             pa.binary().id: ("offsets", "binary"), pa.large_binary().id: ("offsets", "binary")}
+    if hasattr(pa, "string_view"):  # pyarrow 16
+        kinds[pa.string_view().id] = ("view", "string")
+        kinds[pa.binary_view().id] = ("view", "binary")
+    return kinds
 
 
 def _column(hasher: Any, obj: Any) -> None:
-    """An array's values as one stream whatever its chunking, slicing or offset width: where
-    the nulls are, then the values (a null's slot hashed as zeros)."""
+    """An array's values as one stream whatever its chunking, slicing, offset width or
+    dictionary encoding: where the nulls are, then the values (a null's slot hashed as zeros)."""
     import numpy as np
     import pyarrow as pa
 
-    chunks = obj.chunks if isinstance(obj, pa.ChunkedArray) else [obj]
-    hasher.tag(b"C", f"{_type_name(obj.type)}|{len(obj)}|{obj.null_count}".encode())
     if pa.types.is_dictionary(obj.type):
-        chunks = [chunk.dictionary_decode() for chunk in chunks]
-    has_nulls = any(chunk.null_count for chunk in chunks)  # after decoding: dictionaries' too
-    nulls = _nulls(hasher, chunks) if has_nulls else [None] * len(chunks)
-    if not len(obj) or pa.types.is_null(chunks[0].type):
+        chunks = obj.chunks if isinstance(obj, pa.ChunkedArray) else [obj]
+        obj = pa.chunked_array([chunk.dictionary_decode() for chunk in chunks], obj.type.value_type)
+    t = obj.type
+    hasher.tag(b"C", f"{_type_name(t)}|{len(obj)}|{obj.null_count}".encode())
+    kind = _kinds().get(t.id, ("",))[0]
+    if kind:
+        if kind == "view":
+            obj = obj.cast(pa.large_binary() if pa.types.is_binary_view(t) else pa.large_string())
+        hasher.h.update(string_digests(obj, _native is not None))
         return
-    t = chunks[0].type
+    chunks = obj.chunks if isinstance(obj, pa.ChunkedArray) else [obj]
+    nulls = _nulls(hasher, chunks) if obj.null_count else [None] * len(chunks)
+    if not len(obj) or pa.types.is_null(t):
+        return
     if pa.types.is_boolean(t):
         for chunk in chunks:
             hasher.h.update(np.asarray(chunk.fill_null(False)).tobytes())
     elif (pa.types.is_primitive(t) or pa.types.is_fixed_size_binary(t)) and t.bit_width % 8 == 0:
         for chunk, null in zip(chunks, nulls, strict=True):
             hasher.h.update(_fixed_width(chunk, null))
-    elif _is_string(t):
-        _strings(hasher, chunks)
     else:  # nested and other types: their Python values
         for chunk in chunks:
             for item in chunk.to_pylist():
@@ -276,124 +309,65 @@ def _fixed_width(chunk: Any, null: Any) -> Any:
     return data
 
 
-def _strings(hasher: Any, chunks: list[Any]) -> None:
-    """Strings and binaries from their offsets and data buffers as they lie: the lengths and the
-    bytes, each in a stream of its own. The lengths are 32-bit numbers whatever the offsets'
-    width (string, large_string and string_view give one stream), unless a value is 2 GiB or
-    longer, which only a large type can hold: then they are 64-bit, under another tag. Types
-    are looked at once, not per chunk: a column read from a CSV file comes in dozens of chunks."""
+def string_digests(obj: Any, native: bool) -> bytes:
+    """The digests of a string or binary array's length stream and data stream (described in
+    ``_lengths.c``), by the C helper (through Arrow's C interfaces: one call for a whole
+    chunked array where pyarrow exports one as a stream, else one per chunk) or by its NumPy
+    twin, which gives the same digests."""
     import pyarrow as pa
 
-    t = chunks[0].type
-    if pa.types.is_string_view(t) or pa.types.is_binary_view(t):
-        t = pa.large_string() if pa.types.is_string_view(t) else pa.large_binary()
-        chunks = [chunk.cast(t) for chunk in chunks]
-    wide = pa.types.is_large_string(t) or pa.types.is_large_binary(t)
-    blank = "" if pa.types.is_string(t) or pa.types.is_large_string(t) else b""
-    try:
-        digests = _string_streams(chunks, wide, blank, _lengths, "I")
-    except _LongValue:
-        hasher.tag(b"L")
-        digests = _string_streams(chunks, wide, blank, _lengths_numpy, "q")
-    hasher.h.update(digests)
+    lengths_h, data_h = xxhash.xxh3_128(), xxhash.xxh3_128()
+    if native:
+        stream = getattr(obj, "__arrow_c_stream__", None)  # ChunkedArray, pyarrow 16
+        if stream is not None:
+            _native(stream(), lengths_h.update, data_h.update)
+        else:
+            for chunk in obj.chunks if isinstance(obj, pa.ChunkedArray) else [obj]:
+                _native(chunk.__arrow_c_array__(), lengths_h.update, data_h.update)
+    else:
+        _streams_numpy(obj, lengths_h.update, data_h.update)
+    return lengths_h.digest() + data_h.digest()
 
 
-class _LongValue(Exception):
-    """A value of 2 GiB or more: its length does not fit the 32-bit stream."""
+def _streams_numpy(obj: Any, lengths: Any, data: Any) -> None:
+    """The twin of the C helper: each chunk's length stream, then its bytes less the bytes its
+    null slots span."""
+    import numpy as np
+    import pyarrow as pa
 
-
-#: Values per call of the lengths helper: its output stays in the CPU's cache until hashed.
-_BLOCK = 1 << 15
-
-#: Each thread's buffer of 32-bit lengths (a new one per column cost a 128 KiB memset).
-_SCRATCH = threading.local()
-
-
-def _string_streams(chunks: list[Any], wide: bool, blank: Any, lengths: Any, kind: str) -> bytes:
-    """The digests of the lengths (``kind``: "I" for 32-bit ones, "q" for 64-bit) and of the
-    bytes, one chunk after another; a null slot's length is zero, and a chunk with a null slot
-    spanning bytes is hashed as its copy with those slots emptied."""
-    lengths_h: Any = xxhash.xxh3_128()
-    data_h = xxhash.xxh3_128()
-    out: Any = getattr(_SCRATCH, "out", None)
-    if kind == "q":
-        out = memoryview(bytearray(8 * _BLOCK)).cast("q")
-    elif out is None:
-        out = _SCRATCH.out = memoryview(bytearray(4 * _BLOCK)).cast("I")
-    for chunk in chunks:
-        if not len(chunk):
+    wide = pa.types.is_large_string(obj.type) or pa.types.is_large_binary(obj.type)
+    for chunk in obj.chunks if isinstance(obj, pa.ChunkedArray) else [obj]:
+        size, first = len(chunk), chunk.offset
+        if not size:
             continue
-        saved = lengths_h.copy() if chunk.null_count else None
-        fed = _chunk_lengths(chunk, wide, lengths, out, lengths_h)
-        if fed is None:
-            lengths_h, chunk = saved, chunk.fill_null(blank)
-            fed = _chunk_lengths(chunk, wide, lengths, out, lengths_h)
-        data, start, stop = fed
-        if data is not None:
-            data_h.update(memoryview(data)[start:stop])
-    digests: bytes = lengths_h.digest() + data_h.digest()
-    return digests
+        validity, offsets, values = chunk.buffers()
+        o = np.frombuffer(offsets, "<i8" if wide else "<i4", size + 1, first * (8 if wide else 4))
+        n: Any = np.diff(o.astype(np.int64))
+        valid = np.ones(size, bool)
+        if validity is not None and chunk.null_count:
+            bits = np.unpackbits(np.frombuffer(validity, np.uint8), bitorder="little")
+            valid = bits[first : first + size].astype(bool)
+        long = valid & (n >= _NULL_CODE)
+        stream = np.where(valid, np.where(long, _LONG_CODE, n), _NULL_CODE).astype(np.uint8)
+        if long.any():  # each long value's code is followed by its 8-byte length
+            ends = np.cumsum(np.where(long, 9, 1))
+            escaped = np.empty(int(ends[-1]), np.uint8)
+            escaped[ends - np.where(long, 9, 1)] = stream
+            escaped[(ends[long] - 8)[:, None] + np.arange(8)] = \
+                n[long].astype("<u8").view(np.uint8).reshape(-1, 8)
+            stream = escaped
+        lengths(stream)
+        raw: Any = np.frombuffer(values, np.uint8)[o[0] : o[-1]] if values is not None else b""
+        if (~valid & (n > 0)).any():
+            raw = raw[np.repeat(valid, n)]
+        data(raw)
 
 
-def _chunk_lengths(chunk: Any, wide: bool, lengths: Any, out: Any, lengths_h: Any) -> Any:
-    """Feed a chunk's lengths to ``lengths_h`` a block at a time; return its data buffer and
-    the span of it the chunk covers, or None when a null slot spans bytes."""
-    validity, offsets, data = chunk.buffers()
-    validity = validity if chunk.null_count else None
-    size, first = len(chunk), chunk.offset
-    start = stop = 0
-    for at in range(0, size, _BLOCK):
-        count = min(_BLOCK, size - at)
-        begin, stop, spanned = lengths(offsets, first + at, count, wide, validity, out)
-        if spanned:
-            return None
-        if out.format == "I" and stop - begin >= 1 << 31 and _longest(offsets, first + at, count):
-            raise _LongValue
-        lengths_h.update(out[:count])
-        if not at:
-            start = begin
-    return data, start, stop
+#: The length stream's codes: a null, and a value of 254 bytes or more (its length follows).
+_NULL_CODE, _LONG_CODE = 254, 255
 
-
-def _lengths_numpy(offsets: Any, first: int, count: int, wide: bool, validity: Any,
-                   out: Any) -> tuple[int, int, int]:
-    """The twin of the compiled ``_lengths.lengths`` (used where it was not built, and for
-    64-bit lengths): each value's length into ``out`` (its width truncating, like the C
-    one's), zero for a null slot; returns the first and last offsets and the bytes null slots
-    spanned."""
-    import numpy as np
-
-    o = np.frombuffer(offsets, "<i8" if wide else "<i4", count + 1, first * (8 if wide else 4))
-    own = np.frombuffer(out, "<u4" if out.itemsize == 4 else "<i8", count)
-    np.subtract(o[1:], o[:-1], out=own, casting="unsafe")
-    spanned = 0
-    if validity is not None:
-        bits = np.frombuffer(validity, np.uint8)[first // 8 : (first + count + 7) // 8]
-        null = ~np.unpackbits(bits, bitorder="little")[first % 8 : first % 8 + count].astype(bool)
-        spanned = int(own[null].sum())
-        own[null] = 0
-    return int(o[0]), int(o[-1]), spanned
-
-
-_lengths: Any
-try:  # the compiled twin; absent where the package was installed without a C compiler
-    _lengths = importlib.import_module("arrowstash.caching._lengths").lengths
+_native: Any
+try:  # the C helper; absent where the package was installed without a C compiler
+    _native = importlib.import_module("arrowstash.caching._lengths").column
 except ImportError:  # pragma: no cover - depends on the build
-    _lengths = _lengths_numpy
-
-
-def _longest(offsets: Any, first: int, count: int) -> bool:
-    """Whether a value of a large chunk is 2 GiB or longer."""
-    import numpy as np
-
-    o = np.frombuffer(offsets, "<i8", count + 1, first * 8)
-    return bool((np.diff(o) >> 31).any())
-
-
-_STRING_NAMES = ("string", "binary", "large_string", "large_binary", "string_view", "binary_view")
-
-
-def _is_string(t: Any) -> bool:
-    import pyarrow as pa
-
-    return any(getattr(pa.types, f"is_{name}")(t) for name in _STRING_NAMES)
+    _native = None
