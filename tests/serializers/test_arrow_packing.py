@@ -3,6 +3,7 @@ threads, and read back in their own types with memory the result owns. Real file
 
 from __future__ import annotations
 
+import itertools
 import struct
 import tempfile
 import time
@@ -400,3 +401,43 @@ def test_each_group_is_packed_and_compressed_once(monkeypatch: pytest.MonkeyPatc
     assert len(groups) >= 4
     assert sorted(calls) == sorted([f"c{k}" for k in group] for group in groups)
     _assert_same(_decode(entry), table)
+
+
+_texts = st.lists(st.one_of(st.none(), st.sampled_from(["", "a", "a\x00", "EWR", "N14228",
+                                                         "2013-01-01 05:00:00", "x" * 40]),
+                            st.text(max_size=20)), min_size=1, max_size=60)
+
+
+@settings(max_examples=80, deadline=None)
+@given(texts=_texts, cuts=st.lists(st.integers(0, 60), max_size=4),
+       large=st.booleans(), skip=st.integers(0, 9))
+def test_compiled_dictionary_codes_match_arrows(texts: list[str | None], cuts: list[int],
+                                                large: bool, skip: int) -> None:
+    """The compiled codes give the dictionary Arrow's dictionary_encode gives, over chunks,
+    sliced chunks (offsets), nulls, empty strings and values alike in their first word."""
+    from arrowstash.serializers._arrow import packing
+
+    if packing._codes is None:
+        pytest.skip("the _codes extension was not built")
+    values = texts * 3
+    bounds = sorted({0, len(values), *(min(c, len(values)) for c in cuts)})
+    kind = pa.large_string() if large else pa.string()
+    chunks = [pa.array(["pad"] * skip + values[a:b], kind).slice(skip)
+              for a, b in itertools.pairwise(bounds)]
+    column = pa.chunked_array(chunks, kind)
+    got, want = packing._dictionary(column), packing._dictionary_arrow(column)
+    assert got.equals(want)
+    if isinstance(got, pa.DictionaryArray):
+        assert got.type.index_type == want.type.index_type
+
+
+def test_compiled_dictionary_codes_refuse_offsets_past_their_data() -> None:
+    from arrowstash.serializers._arrow import packing
+
+    if packing._codes is None:
+        pytest.skip("the _codes extension was not built")
+    offsets = np.array([0, 2, 9], np.int32)  # the second value ends past the 4 bytes of data
+    with pytest.raises(ValueError, match="past the data"):
+        packing._codes([(offsets, b"abcd", None, 0, 2, False)], np.empty(2, np.int32), None, 2)
+    with pytest.raises(ValueError, match="shorter than its chunk"):
+        packing._codes([(offsets, b"abcd", None, 1, 2, False)], np.empty(2, np.int32), None, 2)

@@ -14,6 +14,7 @@ to its values is what any Arrow reader does, so an older arrowstash reads these 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +39,12 @@ SLACK = 1.25
 POOL = pa.system_memory_pool()
 
 _SIGNED = (pa.int8(), pa.int16(), pa.int32())
+
+_codes: Callable[..., Any] | None
+try:  # the compiled dictionary codes of string columns (setup.py builds them where it can)
+    _codes = importlib.import_module("arrowstash.serializers._arrow._codes").codes
+except ImportError:  # pragma: no cover - depends on the build
+    _codes = None
 _UNSIGNED = (pa.uint8(), pa.uint16(), pa.uint32())
 
 Packer = Callable[[Any], Any]
@@ -239,6 +246,47 @@ def _few_distinct(column: pa.ChunkedArray) -> bool:
 def _dictionary(column: pa.ChunkedArray) -> Any:
     """The column dictionary-encoded (one dictionary) with the narrowest indices, or as it is
     if most values are distinct."""
+    if _codes is None:
+        return _dictionary_arrow(column)
+    import numpy as np
+
+    n = len(column)
+    codes = np.empty(n, np.int32)
+    valid = bytearray(-(-n // 8)) if column.null_count else None
+    chunks = [(c.buffers()[1], c.buffers()[2] or b"", c.buffers()[0] if c.null_count else None,
+               c.offset, len(c), c.type == pa.large_string()) for c in column.chunks]
+    rows = _codes(chunks, codes, valid, n // 2)
+    if rows is None:
+        return column
+    dictionary = _rows(column, np.array(rows, np.int64))
+    index = next(i for i in _SIGNED if len(rows) <= _limits(i)[1] + 1)
+    indices = pa.Array.from_buffers(
+        pa.int32(), n, [None if valid is None else pa.py_buffer(valid), pa.py_buffer(codes)],
+        column.null_count)
+    return pa.DictionaryArray.from_arrays(pc.cast(indices, index, safe=False, memory_pool=POOL),
+                                          dictionary, safe=False)
+
+
+def _rows(column: pa.ChunkedArray, rows: Any) -> pa.Array:
+    """The values at ascending ``rows``, taken chunk by chunk (a ChunkedArray's take joins
+    all its chunks first, from the default pool)."""
+    import numpy as np
+
+    ends = np.cumsum([len(chunk) for chunk in column.chunks])
+    parts, start = [], 0
+    for chunk, end in zip(column.chunks, ends, strict=True):
+        stop = int(np.searchsorted(rows, end))
+        if stop > start:
+            local = pa.array(rows[start:stop] - (end - len(chunk)))
+            parts.append(pc.take(chunk, local, memory_pool=POOL))
+        start = stop
+    if len(parts) == 1:
+        return parts[0]
+    return pa.concat_arrays(parts, memory_pool=POOL) if parts else pa.array([], column.type)
+
+
+def _dictionary_arrow(column: pa.ChunkedArray) -> Any:
+    """:func:`_dictionary` through Arrow's dictionary_encode (where _codes was not built)."""
     encoded = pc.dictionary_encode(column, memory_pool=POOL)
     chunks = encoded.chunks if isinstance(encoded, pa.ChunkedArray) else [encoded]
     dictionary = chunks[-1].dictionary  # every chunk's, as dictionary_encode makes them
