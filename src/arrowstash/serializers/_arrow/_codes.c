@@ -46,26 +46,34 @@ static inline uint64_t tail_word(const uint8_t *p, size_t n, const uint8_t *end)
     return w;
 }
 
+/* Murmur3's finaliser: every output bit depends on every input bit (a product's low bits
+ * depend only on its factors' low bits, and the table is indexed by the low bits). */
+static inline uint64_t mix(uint64_t h) {
+    h ^= h >> 33;
+    h *= 0xFF51AFD7ED558CCDull;
+    h ^= h >> 33;
+    h *= 0xC4CEB9FE1A85EC53ull;
+    return h ^ (h >> 33);
+}
+
 /* A hash of p[0:n] and, in *head, its first word (its bytes, zero above them if n < 8). */
 static inline uint64_t hash_bytes(const uint8_t *p, size_t n, const uint8_t *end,
                                   uint64_t *head) {
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ (n * 0xC2B2AE3D27D4EB4Full);
+    uint64_t h = n * 0x9E3779B97F4A7C15ull;
     if (n < 8) {
         *head = tail_word(p, n, end);
-        h = (h ^ *head) * 0xC4CEB9FE1A85EC53ull;
-        return h ^ (h >> 32);
+        return mix(h ^ *head);
     }
     memcpy(head, p, 8);
     while (n >= 8) {
         uint64_t w;
         memcpy(&w, p, 8);
-        h = (h ^ w) * 0xFF51AFD7ED558CCDull;
+        h = (h ^ w) * 0x9E3779B97F4A7C15ull;
         h ^= h >> 29;
         p += 8;
         n -= 8;
     }
-    h = (h ^ tail_word(p, n, end)) * 0xC4CEB9FE1A85EC53ull;
-    return h ^ (h >> 32);
+    return mix(h ^ tail_word(p, n, end));
 }
 
 /* Are a[0:n] and b[0:n] equal? (memcmp is a call, for a dozen bytes) */
