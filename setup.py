@@ -1,8 +1,10 @@
-"""Build of the optional native Avro decoder and encoder and of the string-lengths helper of
-cache keys; everything else is configured in pyproject.toml.
+"""Build of the optional native Avro decoder and encoder, of the string-lengths helper of
+cache keys and of the dictionary codes of compressed frames' string columns; everything else
+is configured in pyproject.toml.
 
 ``optional=True``: where no C compiler (or no pthreads) exists, the install still succeeds,
-``arrowstash.avro`` uses its pure-Python decoder and encoder and keys use the helper's NumPy twin.
+``arrowstash.avro`` uses its pure-Python decoder and encoder, keys use the helper's NumPy twin
+and frames Arrow's dictionary_encode.
 An extension's header is in ``depends``, so that a change to it rebuilds the extension.
 """
 
@@ -42,6 +44,12 @@ setup(
         Extension(
             "arrowstash.caching._lengths",
             ["src/arrowstash/caching/_lengths.c"],
+            extra_compile_args=["-O3", "-Wall"],
+            optional=True,
+        ),
+        Extension(
+            "arrowstash.serializers._arrow._codes",
+            ["src/arrowstash/serializers/_arrow/_codes.c"],
             extra_compile_args=["-O3", "-Wall"],
             optional=True,
         ),

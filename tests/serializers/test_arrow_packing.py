@@ -3,6 +3,7 @@ threads, and read back in their own types with memory the result owns. Real file
 
 from __future__ import annotations
 
+import itertools
 import struct
 import tempfile
 import time
@@ -120,6 +121,105 @@ def test_floats_are_compared_bit_for_bit() -> None:
     _assert_same(_decode(entry), table)
 
 
+def _nan(bits: int) -> float:
+    return float(struct.unpack("<d", struct.pack("<Q", bits))[0])
+
+
+def _whole(n: int = ROWS, low: int = -40, high: int = 1300) -> np.ndarray:
+    values = np.random.default_rng(3).integers(low, high + 1, n).astype(np.float64)
+    values[::13] = np.nan
+    return values
+
+
+def test_whole_number_floats_are_stored_as_indices_into_their_numbers() -> None:
+    """flights' times and delays: whole numbers with NaN (pandas) or nulls (Arrow), or both,
+    become int8/int16 indices; every value comes back bit for bit, NaN as NaN, null as
+    null."""
+    nulls = pa.array(_whole(), from_pandas=True)  # NaN -> null, as pa.Table.from_pandas does
+    both = _whole()
+    both[1::17] = _nan(0x7FF8_0000_0000_0000)
+    table = pa.table({
+        "nan": _whole(), "tiny": _whole(high=60), "nulls": nulls,
+        "both": pa.array(both, mask=np.arange(ROWS) % 29 == 0),
+        "payload": np.where(np.isnan(_whole()), _nan(0x7FF0_0000_0000_0BAD), _whole()),
+        "far": _whole() + 2.0**40,  # beyond int32, a small span: exact
+    })
+    assert table.column("both").null_count and np.isnan(both).any()
+    entry = _entry(table)
+    assert _stored_types(entry) == [pa.dictionary(pa.int16(), pa.float64()),
+                                    pa.dictionary(pa.int8(), pa.float64()),
+                                    *[pa.dictionary(pa.int16(), pa.float64())] * 4]
+    result = _decode(entry)
+    assert result.schema == table.schema
+    for name in table.column_names:
+        got, want = result.column(name), table.column(name)
+        assert got.is_null().equals(want.is_null()), name
+        bits = got.to_numpy(zero_copy_only=False).view(np.int64)
+        want_bits = want.to_numpy(zero_copy_only=False).view(np.int64)
+        valid = want.is_valid().to_numpy(zero_copy_only=False)
+        assert np.array_equal(bits[valid], want_bits[valid]), name
+    tm.assert_frame_equal(_decode(_entry(table.to_pandas()), "pandas"), table.to_pandas(),
+                          check_exact=True)
+
+
+def test_whole_number_floats_that_a_dictionary_cannot_hold_exactly_stay_floats() -> None:
+    """-0.0, NaN of two bit patterns, infinity, a fraction, a span past int16 or numbers far
+    beyond int32: written as float32 where every value is one, else as float64."""
+    zero = _whole()
+    zero[7] = -0.0
+    two_nans = _whole()
+    two_nans[0] = _nan(0x7FF8_0000_0000_0001)
+    columns = {"zero": zero, "two_nans": two_nans,
+               "inf": np.where(np.isnan(_whole()), np.inf, _whole()),
+               "fraction": np.where(np.arange(ROWS) == 9, 0.5, _whole()),
+               "wide": _whole(high=40_000), "huge": _whole() * 1024 + 2.0**62}
+    entry = _entry(pa.table(columns))
+    assert _stored_types(entry) == [pa.float32(), pa.float64(), pa.float32(), pa.float32(),
+                                    pa.float32(), pa.float64()]
+    _assert_same(_decode(entry), pa.table(columns))
+
+
+def test_older_readers_get_the_same_floats() -> None:
+    """What arrowstash did before packing whole-number floats, and any Arrow reader does, is
+    cast each stored column to the type of the stored schema: a dictionary cast to its values
+    gives the same bits, so an older version reads these entries right."""
+    values = _whole()
+    values[5] = _nan(0x7FF4_0000_0000_0001)  # one NaN payload throughout
+    values[np.isnan(values)] = values[5]
+    table = pa.table({"t": values, "n": pa.array(_whole(), from_pandas=True)})
+    entry = _entry(table)
+    schema = pa.ipc.open_stream(pa.py_buffer(entry.sections[0])).schema
+    read = 0
+    for group, section in zip(entry.meta["groups"], entry.sections[1:], strict=True):
+        part = pa.ipc.open_stream(pa.py_buffer(section)).read_all()
+        for position, stored in zip(group, part.columns, strict=True):
+            assert isinstance(stored.type, pa.DictionaryType)
+            plain = stored.cast(schema.field(position).type)
+            want = table.column(position)
+            assert plain.is_null().equals(want.is_null())
+            valid = want.is_valid().to_numpy(zero_copy_only=False)
+            assert np.array_equal(plain.to_numpy().view(np.int64)[valid],
+                                  want.to_numpy().view(np.int64)[valid])
+            read += 1
+    assert read == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(numbers=st.lists(st.integers(-300, 300).map(float) | st.sampled_from(
+    [np.nan, -0.0, 0.0, np.inf, 0.25, 2.0**62, _nan(0x7FF8_0000_0000_0001),
+     _nan(0xFFF8_0000_0000_0000)]) | st.none(), min_size=1, max_size=40))
+def test_whole_number_packing_round_trips_any_floats(numbers: list[float | None]) -> None:
+    reps = MIN_TABLE_BYTES // 8 // len(numbers) + 1
+    values = (numbers * reps)
+    table = pa.table({"f": pa.array(values, pa.float64())})
+    result = _decode(_entry(table), "arrow").column("f")
+    want = table.column("f")
+    assert result.is_null().equals(want.is_null())
+    valid = want.is_valid().to_numpy(zero_copy_only=False)
+    assert np.array_equal(result.to_numpy(zero_copy_only=False).view(np.int64)[valid],
+                          want.to_numpy(zero_copy_only=False).view(np.int64)[valid])
+
+
 def test_numbers_stay_wide_where_that_compresses_smaller() -> None:
     """An ascending id compresses better as int64 (its zero bytes) than as int32: the stored
     size never grows for the sake of packing."""
@@ -150,13 +250,15 @@ def test_columns_sliced_on_write_come_back_whole_without_a_join() -> None:
     df = pd.DataFrame({"id": np.arange(n) % 1000,  # packed as int16
                        "x": rng.standard_normal(n),  # written as it is
                        "half": np.arange(n) / 2.0,  # packed as float32
-                       "u": (np.arange(n) % 200).astype(np.uint32)})
+                       "u": (np.arange(n) % 200).astype(np.uint32),
+                       "whole": np.where(np.arange(n) % 9, np.arange(n) % 999, np.nan)})
     entry = _entry(df, batch_bytes=256 << 10)
     streams = [pa.ipc.open_stream(pa.py_buffer(s)).read_all() for s in entry.sections[1:]]
-    assert [t.column(0).num_chunks > 1 for t in streams] == [True] * 4
+    assert [t.column(0).num_chunks > 1 for t in streams] == [True] * 5
+    assert isinstance(streams[4].column(0).type, pa.DictionaryType)
 
     table = _decode(entry, "arrow")
-    assert [c.num_chunks for c in table.columns] == [1, 1, 1, 1]
+    assert [c.num_chunks for c in table.columns] == [1, 1, 1, 1, 1]
     del table
     before = pa.total_allocated_bytes()
     hit = _decode(entry, "pandas")
@@ -299,3 +401,43 @@ def test_each_group_is_packed_and_compressed_once(monkeypatch: pytest.MonkeyPatc
     assert len(groups) >= 4
     assert sorted(calls) == sorted([f"c{k}" for k in group] for group in groups)
     _assert_same(_decode(entry), table)
+
+
+_texts = st.lists(st.one_of(st.none(), st.sampled_from(["", "a", "a\x00", "EWR", "N14228",
+                                                         "2013-01-01 05:00:00", "x" * 40]),
+                            st.text(max_size=20)), min_size=1, max_size=60)
+
+
+@settings(max_examples=80, deadline=None)
+@given(texts=_texts, cuts=st.lists(st.integers(0, 60), max_size=4),
+       large=st.booleans(), skip=st.integers(0, 9))
+def test_compiled_dictionary_codes_match_arrows(texts: list[str | None], cuts: list[int],
+                                                large: bool, skip: int) -> None:
+    """The compiled codes give the dictionary Arrow's dictionary_encode gives, over chunks,
+    sliced chunks (offsets), nulls, empty strings and values alike in their first word."""
+    from arrowstash.serializers._arrow import packing
+
+    if packing._codes is None:
+        pytest.skip("the _codes extension was not built")
+    values = texts * 3
+    bounds = sorted({0, len(values), *(min(c, len(values)) for c in cuts)})
+    kind = pa.large_string() if large else pa.string()
+    chunks = [pa.array(["pad"] * skip + values[a:b], kind).slice(skip)
+              for a, b in itertools.pairwise(bounds)]
+    column = pa.chunked_array(chunks, kind)
+    got, want = packing._dictionary(column), packing._dictionary_arrow(column)
+    assert got.equals(want)
+    if isinstance(got, pa.DictionaryArray):
+        assert got.type.index_type == want.type.index_type
+
+
+def test_compiled_dictionary_codes_refuse_offsets_past_their_data() -> None:
+    from arrowstash.serializers._arrow import packing
+
+    if packing._codes is None:
+        pytest.skip("the _codes extension was not built")
+    offsets = np.array([0, 2, 9], np.int32)  # the second value ends past the 4 bytes of data
+    with pytest.raises(ValueError, match="past the data"):
+        packing._codes([(offsets, b"abcd", None, 0, 2, False)], np.empty(2, np.int32), None, 2)
+    with pytest.raises(ValueError, match="shorter than its chunk"):
+        packing._codes([(offsets, b"abcd", None, 1, 2, False)], np.empty(2, np.int32), None, 2)

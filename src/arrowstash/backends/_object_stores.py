@@ -94,6 +94,13 @@ def make_store(scheme: str, bucket: str, prefix: str, config: dict[str, Any],
     retry = {"max_retries": retries, "retry_timeout": dt.timedelta(seconds=timeout),
              "backoff": {"init_backoff": dt.timedelta(milliseconds=50),
                          "max_backoff": dt.timedelta(seconds=1)}}
+    if scheme == "s3":
+        # SigV4 signs a SHA-256 of each request body unless the body is declared
+        # UNSIGNED-PAYLOAD, as boto3 does over https: hashing a flights entry costs a store
+        # about as much CPU as compressing a fifth of it. TLS (and S3's own MD5/CRC checks
+        # where a client sends them) still guard the bytes; over plain http nothing does, and
+        # the entry's own checksums catch damage on read. unsigned_payload=False signs them.
+        config = {"unsigned_payload": True, **config}
     kinds = {"s3": stores.S3Store, "gs": stores.GCSStore, "az": stores.AzureStore}
     return kinds[scheme](bucket, prefix=prefix or None, client_options=client,
                          retry_config=retry, **config)
