@@ -1,7 +1,9 @@
-"""The native decoder's list input: each message is read in place and held by a reference of
-the decoder's own while the GIL is released, so a list that Python code changes during the call
-(here the block counts' ``__getitem__``, which runs under the GIL between messages) neither frees
-a message being read nor makes the decoder read past the list."""
+"""The native decoder's list input. A list of bytes is read in place with the GIL kept, so no
+other thread can change it during a decode; anything else (blocks with counts, items that are not
+bytes, errors) goes the general way, where each message is held by a reference of the decoder's
+own while the GIL is released, so a list that Python code changes during the call (here the block
+counts' ``__getitem__``, which runs under the GIL between messages) neither frees a message being
+read nor makes the decoder read past the list."""
 
 from __future__ import annotations
 

@@ -449,9 +449,11 @@ static void release_views(Views *v) {
 }
 
 /* decode_list(plan, messages, counts_or_None, nthreads, validate_utf8, confluent, min_bytes):
- * each bytes message is read in place (its address and size taken under the GIL, the object
- * held by a reference of ours until the decode is done); other bytes-like messages through the
- * buffer protocol. One pass over the messages takes the reference, the address and the size:
+ * messages (no counts) are first read in place with the GIL kept (see ListIn). When that stops
+ * (an item that is not bytes, an error), the general way: each bytes message is read in place
+ * (its address and size taken under the GIL, the object held by a reference of ours until the
+ * decode is done, the GIL released); other bytes-like messages through the buffer protocol.
+ * One pass over the messages takes the reference, the address and the size:
  * 100,000 objects allocated apart cost a cache miss each per pass (a tuple of them first, then
  * a walk over the tuple, made two). */
 static PyObject *decode_list(PyObject *self, PyObject *args) {
