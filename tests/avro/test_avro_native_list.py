@@ -110,7 +110,7 @@ def test_another_thread_changing_the_list_never_changes_a_result(threads: int) -
     """The list is read with the GIL kept: a thread that clears, appends to and replaces items
     of the list runs before or after a decode, never during one, so each result is the list's
     content at the call (or a clear error if the list is empty by then)."""
-    originals = _strings(60_000)
+    originals = _strings(150_000)  # over 2 MiB: two threads when asked
     messages: list[Any] = list(originals)
     stop = threading.Event()
 
