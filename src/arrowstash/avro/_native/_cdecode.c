@@ -242,9 +242,13 @@ static int64_t bytes_before(const Lazy *lz, int64_t s, int64_t nsegs, int64_t to
 
 /* `lazy`: non-NULL for one buffer and its offsets: the sizes of ranges are then differences of
  * offsets, so the calling thread finds the threads' ranges by bisection instead of a walk over
- * every message before any thread starts, and each thread fills its range's segments. */
+ * every message before any thread starts, and each thread fills its range's segments.
+ * `list`: non-NULL for a list of bytes read in place with the GIL kept (see ListIn): its size
+ * is guessed from a sample (reading every item here would bring each into the cache once more),
+ * the ranges are cut by message count; NULL with *again set: decode it the general way. */
 static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int validate_utf8,
-                     int confluent, int64_t min_bytes, const Lazy *lazy) {
+                     int confluent, int64_t min_bytes, const Lazy *lazy, ListIn *list,
+                     int *again) {
     int nnodes = 0;
     Node *nodes = cd_parse_plan(plan, &nnodes);
     if (!nodes) return NULL;
@@ -253,8 +257,10 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
         PyErr_SetString(PyExc_ValueError, "bad plan: no root record");
         return NULL;
     }
-    int64_t total = 0;
-    if (lazy)
+    int64_t total = 0, mean = 0;
+    if (list)
+        total = (mean = cd_list_mean(list)) * nsegs;
+    else if (lazy)
         total = lz_off(lazy, nsegs) - lz_off(lazy, 0);
     else
         for (int64_t s = 0; s < nsegs; s++) total += segs[s].len > 0 ? segs[s].len : 0;
@@ -300,6 +306,7 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
         Ctx *c = &ctxs[t];
         c->nodes = nodes, c->nnodes = nnodes, c->validate_utf8 = validate_utf8;
         c->confluent = confluent, c->segs = segs, c->lazy = lazy, c->ids = (int32_t *)ids.p;
+        c->list = list;
         c->all_bytes = t == 0 && nchunks > 1 ? total : 0;
         c->seg_begin = s;
         int64_t k = nchunks - 1, parts = (int64_t)t * k - (int64_t)t * (t - 1) / 2;
@@ -307,6 +314,9 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
             ? (int64_t)((double)(total - first) * (double)parts / (double)(k * (k + 1) / 2)) : 0);
         if (t == nchunks - 1) {
             s = nsegs;
+        } else if (list) {
+            s = goal / (mean ? mean : 1);
+            s = s <= c->seg_begin ? c->seg_begin + 1 : s < nsegs ? s : nsegs;
         } else if (lazy) { /* the first segment after seg_begin that starts at goal or later */
             int64_t lo = s + 1, hi = nsegs;
             while (lo < hi) {
@@ -322,7 +332,9 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
             }
         }
         c->seg_end = s;
-        int64_t bytes = lazy ? bytes_before(lazy, s, nsegs, total) - start : acc - start;
+        int64_t bytes = list ? (s - c->seg_begin) * mean
+                        : lazy ? bytes_before(lazy, s, nsegs, total) - start : acc - start;
+        if (list && !c->all_bytes) c->all_bytes = bytes; /* the range's guess: see cd_presize */
         c->seg_bytes = s > c->seg_begin ? bytes / (s - c->seg_begin) + 1 : 1;
         c->step = CLAIM_BYTES / c->seg_bytes;
         c->step = c->step < 1 ? 1 : c->step > 64 ? 64 : c->step;
@@ -330,11 +342,20 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
         if (cd_reset_cols(c)) failed_alloc = 1; /* offsets start at 0 */
     }
     int merge_err = failed_alloc;
-    Py_BEGIN_ALLOW_THREADS
-    if (!failed_alloc)
-        merge_err = cd_decode_and_merge(ctxs, &nchunks, cap, nodes, nnodes, nthreads - 1);
-    Py_END_ALLOW_THREADS
+    if (list) { /* the GIL kept: see ListIn */
+        if (!failed_alloc)
+            merge_err = cd_decode_and_merge(ctxs, &nchunks, cap, nodes, nnodes, nthreads - 1);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        if (!failed_alloc)
+            merge_err = cd_decode_and_merge(ctxs, &nchunks, cap, nodes, nnodes, nthreads - 1);
+        Py_END_ALLOW_THREADS
+    }
     PyObject *result = NULL;
+    if (list && atomic_load(&list->again)) {
+        *again = 1;
+        goto done;
+    }
     for (int t = 0; t < nchunks; t++) {
         if (ctxs[t].err) { /* the first failing range holds the first bad segment */
             Ctx *c = &ctxs[t];
@@ -428,9 +449,11 @@ static void release_views(Views *v) {
 }
 
 /* decode_list(plan, messages, counts_or_None, nthreads, validate_utf8, confluent, min_bytes):
- * each bytes message is read in place (its address and size taken under the GIL, the object
- * held by a reference of ours until the decode is done); other bytes-like messages through the
- * buffer protocol. One pass over the messages takes the reference, the address and the size:
+ * messages (no counts) are first read in place with the GIL kept (see ListIn). When that stops
+ * (an item that is not bytes, an error), the general way: each bytes message is read in place
+ * (its address and size taken under the GIL, the object held by a reference of ours until the
+ * decode is done, the GIL released); other bytes-like messages through the buffer protocol.
+ * One pass over the messages takes the reference, the address and the size:
  * 100,000 objects allocated apart cost a cache miss each per pass (a tuple of them first, then
  * a walk over the tuple, made two). */
 static PyObject *decode_list(PyObject *self, PyObject *args) {
@@ -460,6 +483,15 @@ static PyObject *decode_list(PyObject *self, PyObject *args) {
         goto done;
     }
     segs[n] = (Seg){0};
+#ifndef Py_GIL_DISABLED /* without a GIL, nothing keeps the items alive: references it is */
+    if (counts == Py_None && n < INT32_MAX) {
+        ListIn list = {(PyObject *const *)PySequence_Fast_ITEMS(seq), n, 0};
+        int again = 0;
+        result = run(plan, segs, n, nthreads, validate_utf8, confluent, min_bytes, NULL, &list,
+                     &again);
+        if (result || !again) goto done;
+    }
+#endif
     for (Py_ssize_t i = 0; i < n; i++) {
         /* read again each time: the buffer protocol and counts' items may run Python code
          * that changes the list (what was taken stays alive: it is held) */
@@ -494,7 +526,7 @@ static PyObject *decode_list(PyObject *self, PyObject *args) {
             goto done;
         }
     }
-    result = run(plan, segs, n, nthreads, validate_utf8, confluent, min_bytes, NULL);
+    result = run(plan, segs, n, nthreads, validate_utf8, confluent, min_bytes, NULL, NULL, NULL);
 done:
     release_views(&views);
     for (Py_ssize_t i = 0; i < nheld; i++) Py_DECREF(held[i]);
@@ -557,7 +589,7 @@ static PyObject *decode_concat(PyObject *self, PyObject *args) {
         }
         a = b;
     }
-    result = run(plan, segs, n, nthreads, validate_utf8, confluent, min_bytes, &lazy);
+    result = run(plan, segs, n, nthreads, validate_utf8, confluent, min_bytes, &lazy, NULL, NULL);
 done:
     cd_blk_free(segs, segs_cap);
     if (have_v) PyBuffer_Release(&vv);

@@ -83,6 +83,15 @@ static inline int64_t lz_off(const Lazy *lz, int64_t i) {
     return v;
 }
 
+/* A list of bytes read in place (_cdecode_batch.c): the calling thread keeps the GIL for the
+ * whole decode, so no item can be freed or replaced while any thread reads it; each claim fills
+ * its segments from the items just before they are decoded. */
+typedef struct {
+    PyObject *const *items;
+    int64_t n;
+    atomic_int again; /* decode the list again the general way (see cd_list_fill) */
+} ListIn;
+
 typedef struct Ctx {
     const Node *nodes;
     int nnodes, validate_utf8, confluent;
@@ -92,6 +101,7 @@ typedef struct Ctx {
     const uint8_t *start, *end;
     const Seg *segs;
     const Lazy *lazy; /* set: fill segs[seg_begin, seg_end) from it first */
+    ListIn *list;     /* set: segs are filled a claim at a time from it */
     int64_t seg_begin, seg_end;
     int64_t all_bytes; /* the first of several threads sizes its buffers for all of them */
     /* With several threads, the segments still to decode: seg_begin + [next, end), packed as
@@ -121,6 +131,7 @@ void *cd_zalloc_lines(size_t size);
 int cd_decode_and_merge(Ctx *ctxs, int *nchunks, int cap, const Node *nodes, int nnodes,
                         int nhelpers);
 int cd_claim(Ctx *c, int64_t *stop);
+int64_t cd_list_mean(const ListIn *in);
 void cd_close_range(Ctx *c);
 void cd_pool_init(void); /* once, at import: fork handlers for the kept helper threads */
 PyObject *cd_cuts(PyObject *self, PyObject *unused);

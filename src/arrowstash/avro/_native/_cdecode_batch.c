@@ -283,6 +283,66 @@ static uint64_t pack(int64_t next, int64_t end) { return (uint64_t)next << 32 | 
 static int64_t next_of(uint64_t w) { return (int64_t)(w >> 32); }
 static int64_t end_of(uint64_t w) { return (int64_t)(w & 0xffffffffu); }
 
+/* -- a list of bytes --------------------------------------------------------------------------
+ * Its items are read where they are decoded, a claim at a time: the claim's objects are read
+ * (type, size, address) into its segments and decoded at once, while they are in the cache,
+ * and the next claim's objects are prefetched. Gathering every item first, then decoding, read
+ * each of 100,000 objects allocated apart from memory twice (1.17-1.35x the CPU time of a
+ * BinaryArray). No reference is taken: the calling thread keeps the GIL until every thread is
+ * done, so nothing can change the list or free an item. An item that is not bytes (or None)
+ * stops the batch, and so does any error: the caller then decodes the list the general way
+ * (references, the buffer protocol), which reports the first error as it always did. */
+
+static int list_fill(Ctx *c, int64_t a, int64_t b) {
+    ListIn *in = c->list;
+    Seg *segs = (Seg *)c->segs;
+    if (atomic_load_explicit(&in->again, memory_order_relaxed)) return 0;
+    for (int64_t i = b + (b - a), ahead = b + 2 * (b - a); i < ahead && i < in->n; i++) {
+        const char *o = (const char *)in->items[i];
+        __builtin_prefetch(o);
+        __builtin_prefetch(o + 64);
+        __builtin_prefetch(o + 128);
+    }
+    int64_t bytes = 0;
+    for (int64_t i = a; i < b; i++) {
+        PyObject *m = in->items[i];
+        if (PyBytes_CheckExact(m)) {
+            segs[i] = (Seg){(const uint8_t *)PyBytes_AS_STRING(m), PyBytes_GET_SIZE(m), 1};
+            bytes += segs[i].len;
+        } else if (m == Py_None) {
+            segs[i] = (Seg){NULL, -1, 1};
+        } else {
+            atomic_store(&in->again, 1);
+            return 0;
+        }
+    }
+    /* the budget of items that take no bytes grows with the bytes read (not the range's
+     * total, unknown here); running out sends the list the general way, with its total */
+    c->free_left += bytes;
+    return 1;
+}
+
+/* Bytes per message, guessed from up to 64 items spread over the list (at least 1): it sizes
+ * the threads' ranges and their buffers, as the total does for other inputs. */
+int64_t cd_list_mean(const ListIn *in) {
+    int64_t k = in->n < 64 ? in->n : 64, sum = 0;
+    for (int64_t j = 0; j < k; j++) {
+        PyObject *m = in->items[j * in->n / k];
+        if (PyBytes_CheckExact(m)) sum += PyBytes_GET_SIZE(m);
+    }
+    return k && sum >= k ? sum / k : 1;
+}
+
+/* A list's range: any error or bad string sends the batch the general way. */
+static void run_list_range(Ctx *c) {
+    c->strict_utf8 = 0;
+    c->utf8_bad = 0;
+    cd_run_range(c);
+    cd_close_range(c);
+    if (c->err || c->utf8_bad || (c->validate_utf8 && !cd_strings_valid(c)))
+        atomic_store(&c->list->again, 1);
+}
+
 int cd_claim(Ctx *c, int64_t *stop) {
     uint64_t old = atomic_fetch_add(&c->work, (uint64_t)c->step << 32);
     int64_t next = next_of(old), end = end_of(old);
@@ -291,7 +351,7 @@ int cd_claim(Ctx *c, int64_t *stop) {
         return 0;
     }
     *stop = c->seg_begin + (next + c->step < end ? next + c->step : end);
-    return 1;
+    return !c->list || list_fill(c, c->seg_begin + next, *stop);
 }
 
 /* Keep the rest of c's range (none of it is cut off from here) and set its final end. */
@@ -306,7 +366,7 @@ void cd_close_range(Ctx *c) {
  * segments or more never are. */
 static void open_range(Ctx *c, int others) {
     int64_t n = c->seg_end - c->seg_begin;
-    c->cuttable = others && n < ((int64_t)1 << 31);
+    c->cuttable = (others || c->list) && n < ((int64_t)1 << 31); /* a list's: filled by claims */
     atomic_store(&c->work, c->cuttable ? pack(0, n) : 0);
     atomic_store_explicit(&c->started, 1, memory_order_release);
 }
@@ -340,7 +400,7 @@ static Ctx *cut(Shared *sh) {
             int64_t mid = next + (end - next) / 2;
             if (!atomic_compare_exchange_strong(&victim->work, &w, pack(next, mid))) continue;
             got->validate_utf8 = victim->validate_utf8, got->confluent = victim->confluent;
-            got->segs = victim->segs, got->ids = victim->ids;
+            got->segs = victim->segs, got->ids = victim->ids, got->list = victim->list;
             got->seg_begin = victim->seg_begin + mid, got->seg_end = victim->seg_begin + end;
             got->step = victim->step, got->seg_bytes = victim->seg_bytes;
             open_range(got, 1);
@@ -367,7 +427,10 @@ static void decode_chunks(Shared *sh) {
             if (c->lazy) lz_fill(c->lazy, (Seg *)c->segs, c->seg_begin, c->seg_end);
             open_range(c, sh->cap > sh->nqueued);
         }
-        cd_run_segments(c);
+        if (c->list)
+            run_list_range(c);
+        else
+            cd_run_segments(c);
         pthread_mutex_lock(&sh->mu);
         sh->segs_done += c->seg_end - c->seg_begin;
         pthread_cond_broadcast(&sh->cv);

@@ -595,8 +595,9 @@ int64_t cd_free_items = 1 << 20;
 
 void cd_run_range(Ctx *c) {
     int64_t total = 0, done = 0;
-    for (int64_t s = c->seg_begin; s < c->seg_end; s++)
-        total += c->segs[s].len > 0 ? c->segs[s].len : 0;
+    if (!c->list) /* a list's segments are not filled yet: see ListIn */
+        for (int64_t s = c->seg_begin; s < c->seg_end; s++)
+            total += c->segs[s].len > 0 ? c->segs[s].len : 0;
     c->free_left = cd_free_items + total; /* (a range run again, for UTF-8, starts over) */
     int64_t probe = c->seg_begin + (c->seg_end - c->seg_begin) / 32;
     int64_t early = c->seg_begin + EARLY_SAMPLE;
@@ -622,7 +623,7 @@ void cd_run_range(Ctx *c) {
                 return;
             }
         }
-        if (s + PREFETCH_AHEAD < c->seg_end) {
+        if (!c->list && s + PREFETCH_AHEAD < c->seg_end) { /* a list's claims prefetch */
             const Seg *ahead = &c->segs[s + PREFETCH_AHEAD];
             __builtin_prefetch(ahead->ptr);
             if (ahead->len > 64) __builtin_prefetch(ahead->ptr + 64);
