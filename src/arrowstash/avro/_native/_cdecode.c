@@ -157,11 +157,6 @@ Node *cd_parse_plan(PyObject *plan, int *nnodes) {
                 goto error;
             }
         }
-        if (nd->null_branch >= 0 &&
-            (nd->kind == K_NULL || nd->kind == K_UNION || nd->kind == K_SKIP)) {
-            PyErr_SetString(PyExc_ValueError, "bad plan: a nullable null, union or skip node");
-            goto error;
-        }
         if (nd->kind == K_RAW && (nd->nchildren != 1 || nodes[nd->children[0]].kind != K_SKIP)) {
             PyErr_SetString(PyExc_ValueError, "bad plan: bad raw node");
             goto error;
@@ -173,6 +168,7 @@ Node *cd_parse_plan(PyObject *plan, int *nnodes) {
         }
         for (int k = 0; k < nd->nchildren; k++) nd->kids[k] = &nodes[nd->children[k]];
         cd_bind_node(nd);
+        nd->op = nd->null_branch >= 0 ? K_NULLABLE : nd->kind;
         nd->col_offset = (size_t)i * sizeof(Col);
         if (nd->kind == K_FLOAT) nd->size = 4;
         if (nd->kind == K_DOUBLE) nd->size = 8;

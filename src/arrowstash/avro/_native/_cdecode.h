@@ -21,7 +21,8 @@
 enum { K_NULL, K_BOOL, K_INT, K_LONG, K_FLOAT, K_DOUBLE, K_BYTES, K_STRING, K_FIXED, K_ENUM,
        K_UUID_STR, K_DEC_BYTES, K_DEC_FIXED, K_DURATION, K_RECORD, K_ARRAY, K_MAP, K_UNION,
        K_SKIP /* read past a value of kind param (a field the reader drops) */,
-       K_RAW /* a value read past through its one SKIP child, its bytes kept as a binary value */ };
+       K_RAW /* a value read past through its one SKIP child, its bytes kept as a binary value */,
+       K_NULLABLE /* not a plan kind: Node.op of a ["null", T] node */ };
 /* How deep skipped values may nest: _plan.SKIP_DEPTH. */
 #define SKIP_DEPTH 10000
 
@@ -40,13 +41,14 @@ typedef const uint8_t *(*DecFn)(struct Ctx *c, const struct Node *n, struct Col 
 
 typedef struct Node {
     int kind, null_branch, nchildren, null_child, index;
-    int dop;            /* what the decoder's walk does here (_cdecode_values.c) */
+    int op;             /* kind, or K_NULLABLE */
     size_t col_offset;  /* index * sizeof(Col): where its column is in a context's array */
     int64_t param, size, min_size, item_min;
     int *children;
     struct Node **kids; /* the children as pointers */
     int *empties, nempties; /* the nodes an empty slot of this one touches, in order */
-    DecFn fn;           /* the value, for the kinds the walk calls a function for */
+    DecFn fn;           /* the value */
+    DecFn entry;        /* fn, or the ["null", T] wrapper around it */
     uint8_t limit[32];  /* decimals: 10**precision, little-endian, param bytes */
 } Node;
 
@@ -103,7 +105,6 @@ typedef struct Ctx {
     /* Items that take no bytes (nulls, empty records) this range may still decode: the limit
      * plus the range's bytes, so that no input costs more than its size plus the limit. */
     int64_t free_left;
-    int64_t room_to; /* the string columns' room: see string_room() in _cdecode_values.c */
     /* the first error */
     int err;
     int64_t err_seg, err_datum, err_off, err_detail;

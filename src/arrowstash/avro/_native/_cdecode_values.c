@@ -142,8 +142,15 @@ static int empty(Ctx *c, int ni) {
     return 0;
 }
 
+/* One value of kid: the common leaf kinds inline (no call), the rest through its function. */
+#define CHILD(c, kid, p) dec_any((c), (kid), (p))
 #define FAIL(c, code, at, n, detail) (fail((c), (code), (at), (n)->index, (detail)), NULL)
 #define OOM(c, at, n) (oom((c), (at), (n)->index), NULL)
+
+static const uint8_t *d_null(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+    col->length++;
+    return p;
+}
 
 static inline __attribute__((always_inline)) const uint8_t *d_bool(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
     if (p >= c->end) return FAIL(c, E_TRUNCATED, p, n, 0);
@@ -228,14 +235,18 @@ static inline int rd_len(Ctx *c, const Node *n, const uint8_t **p, int64_t *len)
     return 0;
 }
 
-/* -- strings and bytes --------------------------------------------------------------------- */
-
-/* The v bytes at p appended to a string or bytes column that has room for v + 64 bytes and one
- * offset. Short values (the common case) are copied in fixed-size moves, without a call into
- * memcpy, when the message has that many bytes left (the output has them: the 64). */
-static inline __attribute__((always_inline)) void put_value(Ctx *c, Col *col, const uint8_t *p,
-                                                            int64_t v) {
-    uint8_t *to = col->data.p + col->data.len;
+static inline __attribute__((always_inline)) const uint8_t *d_bytes_or_string(
+    Ctx *c, const Node *n, Col *col, const uint8_t *p, int is_string) {
+    const uint8_t *start = p; /* bytes and string */
+    int64_t v;
+    if (rd_len(c, n, &p, &v)) return NULL;
+    if (is_string && c->strict_utf8 && !utf8_valid(p, (size_t)v))
+        return FAIL(c, E_UTF8, start, n, 0);
+    Buf *d = &col->data, *o = &col->offs;
+    if (buf_reserve(d, (size_t)v + 64) || buf_reserve(o, 4)) return OOM(c, start, n);
+    /* Short strings (the common case) are copied in fixed-size moves, without a call into
+     * memcpy, when the message has that many bytes left (the output always has them). */
+    uint8_t *to = d->p + d->len;
     int64_t left = c->end - p;
     if (v <= 16 && left >= 16) {
         memcpy(to, p, 16);
@@ -247,66 +258,23 @@ static inline __attribute__((always_inline)) void put_value(Ctx *c, Col *col, co
     } else {
         memcpy(to, p, (size_t)v);
     }
-    col->data.len += (size_t)v;
-    int32_t end = (int32_t)col->data.len;
-    memcpy(col->offs.p + col->offs.len, &end, 4);
-    col->offs.len += 4;
+    d->len += (size_t)v;
+    if (d->len > INT32_MAX) return FAIL(c, E_TOO_LARGE, start, n, 0);
+    int32_t end = (int32_t)d->len;
+    memcpy(o->p + o->len, &end, 4);
+    o->len += 4;
     col->length++;
-}
-
-/* String and bytes values are copied without a capacity check when they end within the room:
- * every string and bytes column can take as many bytes (and offsets) as the input holds from
- * the position where the room was made to c->start + c->room_to, since a value's bytes come
- * from the input and each value, or null, takes at least one byte of it. A check per stretch
- * of input (STRING_ROOM bytes or more) instead of one per value. c->room_to carries over from
- * segment to segment (cd_run_range). */
-#define STRING_ROOM 2048
-
-static void string_room(Ctx *c, const uint8_t *p) {
-    int64_t room = INT32_MAX;
-    for (int i = 0; i < c->nnodes; i++) {
-        int k = c->nodes[i].kind;
-        if (k != K_STRING && k != K_BYTES) continue;
-        Col *col = &c->cols[i];
-        if (buf_reserve(&col->data, STRING_ROOM + 64) ||
-            buf_reserve(&col->offs, 4 * STRING_ROOM + 4)) {
-            room = 0; /* the values take the checked path, which reports it */
-            break;
-        }
-        int64_t data = (int64_t)(col->data.cap - col->data.len) - 64;
-        int64_t offs = ((int64_t)(col->offs.cap - col->offs.len) - 4) / 4;
-        int64_t below = INT32_MAX - (int64_t)col->data.len; /* offsets are int32 */
-        if (data < room) room = data;
-        if (offs < room) room = offs;
-        if (below < room) room = below;
-    }
-    c->room_to = (p - c->start) + (room > 0 ? room : 0);
-}
-
-/* Where values must end to be copied unchecked; at c->start (none can) in strict mode, so that
- * each string is checked as it is read. */
-static inline const uint8_t *room_limit(const Ctx *c) {
-    int64_t len = c->end - c->start, to = c->room_to;
-    if (c->strict_utf8 || to < 0) return c->start;
-    return c->start + (to < len ? to : len);
-}
-
-/* A value the fast path leaves (negative, truncated, strict UTF-8 or past the room): the room
- * made again, or checks of its own if it is larger. start: its length's first byte. */
-static const uint8_t *string_slow(Ctx *c, const Node *n, Col *col, const uint8_t *start,
-                                  const uint8_t *p, int64_t v) {
-    if (v < 0) return FAIL(c, E_NEGATIVE, start, n, v);
-    if (v > c->end - p) return FAIL(c, E_TRUNCATED, start, n, 0);
-    if (n->kind == K_STRING && c->strict_utf8 && !utf8_valid(p, (size_t)v))
-        return FAIL(c, E_UTF8, start, n, 0);
-    if (v > c->room_to - (p - c->start)) string_room(c, p);
-    if (v > c->room_to - (p - c->start)) {
-        if (buf_reserve(&col->data, (size_t)v + 64) || buf_reserve(&col->offs, 4))
-            return OOM(c, start, n);
-        if ((int64_t)col->data.len + v > INT32_MAX) return FAIL(c, E_TOO_LARGE, start, n, 0);
-    }
-    put_value(c, col, p, v);
     return p + v;
+}
+
+static inline __attribute__((always_inline)) const uint8_t *d_bytes(Ctx *c, const Node *n,
+                                                                    Col *col, const uint8_t *p) {
+    return d_bytes_or_string(c, n, col, p, 0);
+}
+
+static inline __attribute__((always_inline)) const uint8_t *d_string(Ctx *c, const Node *n,
+                                                                     Col *col, const uint8_t *p) {
+    return d_bytes_or_string(c, n, col, p, 1);
 }
 
 static const uint8_t *d_uuid(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
@@ -329,6 +297,130 @@ static const uint8_t *d_dec_bytes(Ctx *c, const Node *n, Col *col, const uint8_t
     col->data.len += (size_t)n->param;
     col->length++;
     return p + v;
+}
+
+static inline __attribute__((always_inline)) const uint8_t *dec_leaf_or_call(
+    Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+    switch (n->kind) {
+    case K_STRING: return d_string(c, n, col, p);
+    case K_BYTES: return d_bytes(c, n, col, p);
+    case K_INT: return d_int(c, n, col, p);
+    case K_LONG: return d_long(c, n, col, p);
+    case K_BOOL: return d_bool(c, n, col, p);
+    case K_ENUM: return d_enum(c, n, col, p);
+    case K_FLOAT: case K_DOUBLE: case K_FIXED: return d_sized(c, n, col, p);
+    default: return n->fn(c, n, col, p);
+    }
+}
+
+/* ["null", T] or [T, "null"]: the branch index, then T's value or an empty slot. */
+static inline __attribute__((always_inline)) const uint8_t *d_nullable(Ctx *c, const Node *n,
+                                                                       Col *col, const uint8_t *p) {
+    const uint8_t *start = p;
+    int64_t idx;
+    if (rd_long(c, &p, n->index, &idx)) return NULL;
+    if (idx == n->null_branch) {
+        /* a null leaf (the common case: a nullable string, int or long) in place; a record or
+         * anything with children through empty(), which fills every column below it */
+        if (n->nempties == 1) {
+            int r;
+            switch (n->kind) {
+            case K_STRING: case K_BYTES: r = buf_i32(&col->offs, (int32_t)col->data.len); break;
+            case K_INT: case K_ENUM: r = buf_i32(&col->data, 0); break;
+            case K_LONG: case K_DOUBLE: r = buf_zeros(&col->data, 8); break;
+            default: return empty(c, n->index) ? OOM(c, start, n) : p;
+            }
+            if (r || bit_put(&col->valid, col->length, 0)) return OOM(c, start, n);
+            col->nulls++;
+            col->length++;
+            return p;
+        }
+        return empty(c, n->index) ? OOM(c, start, n) : p;
+    }
+    if (idx != 1 - n->null_branch) return FAIL(c, E_UNION_INDEX, start, n, idx);
+    if (bit_put(&col->valid, col->length, 1)) return OOM(c, start, n);
+    return dec_leaf_or_call(c, n, col, p);
+}
+
+static inline __attribute__((always_inline)) const uint8_t *dec_any(Ctx *c, const Node *n,
+                                                                    const uint8_t *p) {
+    Col *col = (Col *)((char *)c->cols + n->col_offset);
+    switch (n->op) { /* the kind, or K_NULLABLE: one jump for both questions */
+    case K_NULLABLE: return d_nullable(c, n, col, p);
+    case K_STRING: return d_string(c, n, col, p);
+    case K_BYTES: return d_bytes(c, n, col, p);
+    case K_INT: return d_int(c, n, col, p);
+    case K_LONG: return d_long(c, n, col, p);
+    case K_BOOL: return d_bool(c, n, col, p);
+    case K_ENUM: return d_enum(c, n, col, p);
+    case K_FLOAT: case K_DOUBLE: case K_FIXED: return d_sized(c, n, col, p);
+    default: return n->fn(c, n, col, p);
+    }
+}
+
+static const uint8_t *d_record(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+    Node *const *kid = n->kids, *const *last = n->kids + n->nchildren;
+    for (; kid < last; kid++)
+        if (!(p = CHILD(c, *kid, p))) return NULL;
+    col->length++;
+    return p;
+}
+
+static const uint8_t *d_list(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+    Col *first = &c->cols[n->children[0]]; /* array and map */
+    for (;;) {
+        const uint8_t *start = p;
+        int64_t v;
+        if (rd_long(c, &p, n->index, &v)) return NULL;
+        if (v == 0) break;
+        uint64_t count = (uint64_t)v, need;
+        if (v < 0) {
+            count = 0 - (uint64_t)v;
+            const uint8_t *size_start = p;
+            int64_t size;
+            if (rd_long(c, &p, n->index, &size)) return NULL;
+            if (size < 0) return FAIL(c, E_NEGATIVE, size_start, n, size);
+        }
+        if (__builtin_mul_overflow(count, (uint64_t)n->item_min, &need) ||
+            need > (uint64_t)(c->end - p)) {
+            fail(c, E_BLOCK_COUNT, start, n->index, 0);
+            c->err_detail = (int64_t)count;
+            c->err_unsigned = 1;
+            return NULL;
+        }
+        if (count > (uint64_t)(INT32_MAX - first->length)) return FAIL(c, E_TOO_LARGE, start, n, 0);
+        if (n->item_min == 0) { /* items of no bytes: bounded by the budget, not the input */
+            if (count > (uint64_t)c->free_left) return FAIL(c, E_FREE_ITEMS, start, n, cd_free_items);
+            c->free_left -= (int64_t)count;
+        }
+        if (n->nchildren == 1) {
+            const Node *kid = n->kids[0];
+            for (uint64_t i = 0; i < count; i++)
+                if (!(p = CHILD(c, kid, p))) return NULL;
+        } else {
+            const Node *key = n->kids[0], *val = n->kids[1];
+            for (uint64_t i = 0; i < count; i++) {
+                if (!(p = CHILD(c, key, p))) return NULL;
+                if (!(p = CHILD(c, val, p))) return NULL;
+            }
+        }
+    }
+    if (buf_i32(&col->offs, (int32_t)first->length)) return OOM(c, p, n);
+    col->length++;
+    return p;
+}
+
+static const uint8_t *d_union(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+    const uint8_t *start = p;
+    int64_t v;
+    if (rd_long(c, &p, n->index, &v)) return NULL;
+    if (v < 0 || v >= n->nchildren) return FAIL(c, E_UNION_INDEX, start, n, v);
+    int8_t tid = (int8_t)v;
+    const Node *kid = n->kids[v];
+    if (buf_put(&col->tids, &tid, 1) || buf_i32(&col->offs, (int32_t)c->cols[kid->index].length))
+        return OOM(c, start, n);
+    col->length++;
+    return CHILD(c, kid, p);
 }
 
 /* One value of SKIP node n read past, nothing stored: the structure is checked (lengths, block
@@ -410,245 +502,19 @@ static const uint8_t *d_raw(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
     return p;
 }
 
-/* -- the walk ------------------------------------------------------------------------------ */
-
-/* What the walk does at a node (Node.dop, chosen once by cd_bind_node): its kind folded into the
- * cases below, with OP_NULLABLE set when a ["null", T] branch index comes first. */
-enum { OP_NULL, OP_STR, OP_INT, OP_LONG, OP_BOOL, OP_ENUM, OP_SIZED, OP_CALL, OP_RECORD,
-       OP_LIST, OP_UNION, OP_NULLABLE = 16 };
-
-static const int8_t KIND_OP[] = {
-    [K_NULL] = OP_NULL, [K_BOOL] = OP_BOOL, [K_INT] = OP_INT, [K_LONG] = OP_LONG,
-    [K_FLOAT] = OP_SIZED, [K_DOUBLE] = OP_SIZED, [K_BYTES] = OP_STR, [K_STRING] = OP_STR,
-    [K_FIXED] = OP_SIZED, [K_ENUM] = OP_ENUM, [K_UUID_STR] = OP_CALL, [K_DEC_BYTES] = OP_CALL,
-    [K_DEC_FIXED] = OP_CALL, [K_DURATION] = OP_CALL, [K_RECORD] = OP_RECORD,
-    [K_ARRAY] = OP_LIST, [K_MAP] = OP_LIST, [K_UNION] = OP_UNION, [K_SKIP] = OP_CALL,
-    [K_RAW] = OP_CALL,
-};
-
-/* the kinds decoded by a call (OP_CALL): rare enough in data not to be worth the inlining */
 static const DecFn KIND_FN[] = {
-    [K_UUID_STR] = d_uuid, [K_DEC_BYTES] = d_dec_bytes, [K_DEC_FIXED] = d_dec_fixed,
-    [K_DURATION] = d_duration, [K_SKIP] = d_skip, [K_RAW] = d_raw,
+    [K_NULL] = d_null, [K_BOOL] = d_bool, [K_INT] = d_int, [K_LONG] = d_long,
+    [K_FLOAT] = d_sized, [K_DOUBLE] = d_sized, [K_BYTES] = d_bytes, [K_STRING] = d_string,
+    [K_FIXED] = d_sized, [K_ENUM] = d_enum, [K_UUID_STR] = d_uuid, [K_DEC_BYTES] = d_dec_bytes,
+    [K_DEC_FIXED] = d_dec_fixed, [K_DURATION] = d_duration, [K_RECORD] = d_record,
+    [K_ARRAY] = d_list, [K_MAP] = d_list, [K_UNION] = d_union, [K_SKIP] = d_skip,
+    [K_RAW] = d_raw,
 };
 
-/* Node nd's op code, and its function if it is decoded by a call. (cd_parse_plan refuses a
- * ["null", T] node of kind null, union or skip: they have no OP_NULLABLE case.) */
+/* Node nd's decoders: its kind's function, and the entry point (the ["null", T] wrapper). */
 void cd_bind_node(Node *nd) {
     nd->fn = KIND_FN[nd->kind];
-    nd->dop = KIND_OP[nd->kind] | (nd->null_branch >= 0 ? OP_NULLABLE : 0);
-}
-
-/* The header of a block of an array's or map's items: *count is its number of items, 0 for the
- * end of the list; -1 on an error. */
-static inline __attribute__((always_inline)) int list_block(Ctx *c, const Node *n,
-                                                            const uint8_t **pp, uint64_t *count) {
-    const uint8_t *p = *pp, *start = p;
-    int64_t v;
-    if (rd_long(c, &p, n->index, &v)) return -1;
-    *pp = p;
-    *count = 0;
-    if (v == 0) return 0;
-    uint64_t k = (uint64_t)v, need;
-    if (v < 0) {
-        k = 0 - (uint64_t)v;
-        const uint8_t *size_start = p;
-        int64_t size;
-        if (rd_long(c, &p, n->index, &size)) return -1;
-        if (size < 0) return fail(c, E_NEGATIVE, size_start, n->index, size);
-        *pp = p;
-    }
-    if (__builtin_mul_overflow(k, (uint64_t)n->item_min, &need) ||
-        need > (uint64_t)(c->end - p)) {
-        fail(c, E_BLOCK_COUNT, start, n->index, 0);
-        c->err_detail = (int64_t)k;
-        c->err_unsigned = 1;
-        return -1;
-    }
-    const Col *first = &c->cols[n->children[0]];
-    if (k > (uint64_t)(INT32_MAX - first->length)) return fail(c, E_TOO_LARGE, start, n->index, 0);
-    if (n->item_min == 0) { /* items of no bytes: bounded by the budget, not the input */
-        if (k > (uint64_t)c->free_left) return fail(c, E_FREE_ITEMS, start, n->index, cd_free_items);
-        c->free_left -= (int64_t)k;
-    }
-    *count = k;
-    return 0;
-}
-
-/* The end of list n: its offset. */
-static inline int list_end(Ctx *c, const Node *n, const uint8_t *p) {
-    Col *col = &c->cols[n->index];
-    if (buf_i32(&col->offs, (int32_t)c->cols[n->children[0]].length)) return oom(c, p, n->index);
-    col->length++;
-    return 0;
-}
-
-/* A ["null", T] node's branch index: a null fills the slot (on_null) and ends the value; T's
- * branch marks the slot valid and falls through to T's case. */
-#define NULLABLE(on_null)                                                                    \
-    {                                                                                        \
-        const uint8_t *at = p;                                                               \
-        int64_t idx;                                                                         \
-        if (rd_long(c, &p, n->index, &idx)) return NULL;                                     \
-        if (idx == n->null_branch) {                                                         \
-            on_null;                                                                         \
-            break;                                                                           \
-        }                                                                                    \
-        if (idx != 1 - n->null_branch) return FAIL(c, E_UNION_INDEX, at, n, idx);           \
-        if (bit_put(&col->valid, col->length, 1)) return OOM(c, at, n);                      \
-    }
-/* a leaf's null: its zero value, a clear validity bit */
-#define LEAF_NULL(fill)                                                                      \
-    if ((fill) || bit_put(&col->valid, col->length, 0)) return OOM(c, at, n);                \
-    col->nulls++;                                                                            \
-    col->length++
-/* anything else's: empty() fills every column below it too */
-#define EMPTY_NULL                                                                           \
-    if (empty(c, n->index)) return OOM(c, at, n)
-
-/* Records and lists the walk is inside of: the children still to decode (a map's key, then its
- * value) and, for a list, the items left in the block (0 for a record). */
-typedef struct { const Node *n; Node *const *kid, *const *last; uint64_t left; } Frame;
-#define STACK 16 /* deeper nesting goes on in a call of walk() */
-
-/* One value of node n (op: n->dop, or n's kind without the nullable's branch index) at p into
- * the columns; the position after it, or NULL after recording an error in c. Records, arrays,
- * maps and unions are gone through in this loop, on a stack of frames, not in calls: one
- * switch per node. */
-static const uint8_t *walk(Ctx *c, const Node *n, const uint8_t *p, int op) {
-    Frame stack[STACK];
-    int top = 0;
-    char *const cols = (char *)c->cols;
-    const uint8_t *lim = room_limit(c);
-    for (;;) {
-        Col *col = (Col *)(cols + n->col_offset);
-        switch (op) {
-        case OP_NULL: col->length++; break;
-        case OP_STR | OP_NULLABLE: NULLABLE(LEAF_NULL(buf_i32(&col->offs, (int32_t)col->data.len)))
-        /* fallthrough */
-        case OP_STR: {
-            const uint8_t *start = p;
-            int64_t v;
-            if (rd_long(c, &p, n->index, &v)) return NULL;
-            if (__builtin_expect(v < 0 || v > lim - p, 0)) {
-                if (!(p = string_slow(c, n, col, start, p, v))) return NULL;
-                lim = room_limit(c);
-                break;
-            }
-            put_value(c, col, p, v);
-            p += v;
-            break;
-        }
-        case OP_INT | OP_NULLABLE: NULLABLE(LEAF_NULL(buf_i32(&col->data, 0)))
-        /* fallthrough */
-        case OP_INT:
-            if (!(p = d_int(c, n, col, p))) return NULL;
-            break;
-        case OP_LONG | OP_NULLABLE: NULLABLE(LEAF_NULL(buf_zeros(&col->data, 8)))
-        /* fallthrough */
-        case OP_LONG:
-            if (!(p = d_long(c, n, col, p))) return NULL;
-            break;
-        case OP_BOOL | OP_NULLABLE: NULLABLE(LEAF_NULL(bit_put(&col->data, col->length, 0)))
-        /* fallthrough */
-        case OP_BOOL:
-            if (!(p = d_bool(c, n, col, p))) return NULL;
-            break;
-        case OP_ENUM | OP_NULLABLE: NULLABLE(LEAF_NULL(buf_i32(&col->data, 0)))
-        /* fallthrough */
-        case OP_ENUM:
-            if (!(p = d_enum(c, n, col, p))) return NULL;
-            break;
-        case OP_SIZED | OP_NULLABLE: NULLABLE(LEAF_NULL(buf_zeros(&col->data, (size_t)n->size)))
-        /* fallthrough */
-        case OP_SIZED:
-            if (!(p = d_sized(c, n, col, p))) return NULL;
-            break;
-        case OP_CALL | OP_NULLABLE: NULLABLE(EMPTY_NULL)
-        /* fallthrough */
-        case OP_CALL:
-            if (!(p = n->fn(c, n, col, p))) return NULL;
-            break;
-        case OP_RECORD | OP_NULLABLE: NULLABLE(EMPTY_NULL)
-        /* fallthrough */
-        case OP_RECORD:
-            if (n->nchildren == 0) {
-                col->length++;
-                break;
-            }
-            if (top == STACK) {
-                if (!(p = walk(c, n, p, OP_RECORD))) return NULL;
-                lim = room_limit(c);
-                break;
-            }
-            stack[top++] = (Frame){n, n->kids + 1, n->kids + n->nchildren, 0};
-            n = n->kids[0];
-            op = n->dop;
-            continue;
-        case OP_LIST | OP_NULLABLE: NULLABLE(EMPTY_NULL)
-        /* fallthrough */
-        case OP_LIST: {
-            if (top == STACK) {
-                if (!(p = walk(c, n, p, OP_LIST))) return NULL;
-                lim = room_limit(c);
-                break;
-            }
-            uint64_t count;
-            if (list_block(c, n, &p, &count)) return NULL;
-            if (count == 0) {
-                if (list_end(c, n, p)) return NULL;
-                break;
-            }
-            stack[top++] = (Frame){n, n->kids + 1, n->kids + n->nchildren, count};
-            n = n->kids[0];
-            op = n->dop;
-            continue;
-        }
-        case OP_UNION: {
-            const uint8_t *start = p;
-            int64_t v;
-            if (rd_long(c, &p, n->index, &v)) return NULL;
-            if (v < 0 || v >= n->nchildren) return FAIL(c, E_UNION_INDEX, start, n, v);
-            int8_t tid = (int8_t)v;
-            const Node *kid = n->kids[v];
-            if (buf_put(&col->tids, &tid, 1) ||
-                buf_i32(&col->offs, (int32_t)((Col *)(cols + kid->col_offset))->length))
-                return OOM(c, start, n);
-            col->length++;
-            n = kid;
-            op = n->dop;
-            continue;
-        }
-        default: __builtin_unreachable();
-        }
-        /* n's value is complete: on to the next child, item or block of the frames above */
-        for (;;) {
-            if (top == 0) return p;
-            Frame *f = &stack[top - 1];
-            if (f->kid < f->last) {
-                n = *f->kid++;
-                break;
-            }
-            const Node *up = f->n;
-            if (f->left == 0) { /* a record */
-                ((Col *)(cols + up->col_offset))->length++;
-                top--;
-                continue;
-            }
-            if (--f->left == 0) {
-                if (list_block(c, up, &p, &f->left)) return NULL;
-                if (f->left == 0) {
-                    if (list_end(c, up, p)) return NULL;
-                    top--;
-                    continue;
-                }
-            }
-            f->kid = up->kids + 1;
-            n = up->kids[0];
-            break;
-        }
-        op = n->dop;
-    }
+    nd->entry = nd->null_branch >= 0 ? d_nullable : nd->fn;
 }
 
 void cd_values_init(void) {
@@ -720,7 +586,6 @@ void cd_run_range(Ctx *c) {
     for (int64_t s = c->seg_begin; s < c->seg_end; s++)
         total += c->segs[s].len > 0 ? c->segs[s].len : 0;
     c->free_left = cd_free_items + total; /* (a range run again, for UTF-8, starts over) */
-    c->room_to = 0;
     int64_t probe = c->seg_begin + (c->seg_end - c->seg_begin) / 32;
     int64_t early = c->seg_begin + EARLY_SAMPLE;
     /* the next segment that sizes the buffers, and the input done at the next UTF-8 check:
@@ -777,19 +642,17 @@ void cd_run_range(Ctx *c) {
             p += 5;
         }
         if (__builtin_expect(seg->count == 1, 1)) {
-            if (!(p = walk(c, root, p, root->dop))) return;
+            if (!(p = root->entry(c, root, &c->cols[0], p))) return;
         } else {
             for (int64_t datum = 0; datum < seg->count; datum++) {
                 c->err_datum = datum;
-                if (!(p = walk(c, root, p, root->dop))) return;
+                if (!(p = root->entry(c, root, &c->cols[0], p))) return;
             }
         }
         if (p != c->end) {
             fail(c, E_TRAILING, p, 0, c->end - p);
             return;
         }
-        /* the next segment's input follows this one's, as far as the room goes */
-        c->room_to = c->room_to > seg->len ? c->room_to - seg->len : 0;
     }
 }
 
