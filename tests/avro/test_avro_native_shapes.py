@@ -75,7 +75,7 @@ ROOMY = {
 
 
 def roomy_rows(n: int, seed: int) -> list[dict[str, Any]]:
-    """Strings of every size around a stretch (2 KiB) and far past it, mostly non-ASCII, and
+    """Strings of every size around 2 KiB and far past it, mostly non-ASCII, and
     nulls of a record of strings (offsets with no string bytes)."""
     rng = random.Random(seed)
     sizes = [0, 1, 15, 16, 17, 63, 64, 65, 2000, 2047, 2048, 2049, 5000, 70_000]
