@@ -521,18 +521,6 @@ void cd_values_init(void) {
     for (const char *d = "0123456789abcdefABCDEF"; *d; d++) hex_ok[(uint8_t)*d] = 1;
 }
 
-static int all_ascii(const uint8_t *p, size_t n) {
-    uint64_t acc = 0;
-    size_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        uint64_t w[4];
-        memcpy(w, p + i, 32);
-        acc |= w[0] | w[1] | w[2] | w[3];
-    }
-    for (; i < n; i++) acc |= p[i];
-    return !(acc & 0x8080808080808080ULL);
-}
-
 /* Without per-string checks: are the strings read since the last call valid UTF-8? Called
  * every UTF8_EVERY bytes of input, so that the strings are checked while still in the cache. */
 #define UTF8_EVERY ((int64_t)32 << 10)
@@ -543,7 +531,7 @@ int cd_strings_valid(Ctx *c) {
         const int32_t *off = (const int32_t *)col->offs.p;
         int64_t from = col->checked;
         col->checked = col->length;
-        if (all_ascii(col->data.p + off[from], (size_t)(off[col->length] - off[from]))) continue;
+        if (utf8_ascii(col->data.p + off[from], (size_t)(off[col->length] - off[from]))) continue;
         if (!utf8_strings_valid(col->data.p, off, from, col->length)) return 0;
     }
     return 1;

@@ -59,6 +59,19 @@ static int utf8_scalar(const uint8_t *s, size_t n) {
     return 1;
 }
 
+/* All ASCII? 8 bytes at a time: for CPUs without AVX2. */
+static int ascii_scalar(const uint8_t *p, size_t n) {
+    uint64_t acc = 0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        acc |= w;
+    }
+    for (; i < n; i++) acc |= p[i];
+    return !(acc & 0x8080808080808080ULL);
+}
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define UTF8_HAVE_AVX2 1
@@ -136,6 +149,16 @@ __attribute__((target("avx2"))) static int utf8_avx2(const uint8_t *s, size_t n)
     return _mm256_testz_si256(err, err);
 }
 
+/* All ASCII? 32 bytes at a time: most strings are, and then their check is this pass. */
+__attribute__((target("avx2"))) static int ascii_avx2(const uint8_t *s, size_t n) {
+    __m256i acc = _mm256_setzero_si256();
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) acc = _mm256_or_si256(acc, _mm256_loadu_si256((const __m256i *)(s + i)));
+    uint8_t rest = 0;
+    for (; i < n; i++) rest |= s[i];
+    return !_mm256_movemask_epi8(acc) && rest < 0x80;
+}
+
 static int utf8_use_avx2 = -1; /* -1: not asked yet */
 
 static inline int utf8_valid(const uint8_t *s, size_t n) {
@@ -143,19 +166,33 @@ static inline int utf8_valid(const uint8_t *s, size_t n) {
     if (utf8_use_avx2 < 0) utf8_use_avx2 = __builtin_cpu_supports("avx2") != 0;
     return utf8_use_avx2 ? utf8_avx2(s, n) : utf8_scalar(s, n);
 }
+
+static inline int utf8_ascii(const uint8_t *s, size_t n) {
+    if (n < 32) return ascii_scalar(s, n);
+    if (utf8_use_avx2 < 0) utf8_use_avx2 = __builtin_cpu_supports("avx2") != 0;
+    return utf8_use_avx2 ? ascii_avx2(s, n) : ascii_scalar(s, n);
+}
 #else
 static inline int utf8_valid(const uint8_t *s, size_t n) { return utf8_scalar(s, n); }
+static inline int utf8_ascii(const uint8_t *s, size_t n) { return ascii_scalar(s, n); }
 #endif
 
 /* Strings back to back in data, string k at [off[k], off[k + 1]), k in [from, to): all valid
- * UTF-8? One pass over the bytes, then a look at each string's first byte. */
+ * UTF-8? One pass over the bytes, then a look at each string's first byte, without a branch per
+ * string (an empty string's "first byte" is the next one's, or none at the end: data[begin]
+ * stands in, its result masked). */
 static inline int utf8_strings_valid(const uint8_t *data, const int32_t *off, int64_t from,
                                      int64_t to) {
     int32_t begin = off[from], end = off[to];
+    if (begin == end) return 1;
     if (!utf8_valid(data + begin, (size_t)(end - begin))) return 0;
-    for (int64_t k = from; k < to; k++) /* an empty string's "first byte" is the next one's */
-        if (off[k] < end && (data[off[k]] & 0xC0) == 0x80) return 0;
-    return 1;
+    unsigned bad = 0;
+    for (int64_t k = from; k < to; k++) {
+        unsigned inside = off[k] < end;
+        int32_t at = inside ? off[k] : begin;
+        bad |= ((data[at] & 0xC0) == 0x80) & inside;
+    }
+    return !bad;
 }
 
 #endif
