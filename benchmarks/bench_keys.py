@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import random
 import shutil
 import statistics
 import subprocess
@@ -43,6 +42,7 @@ import numpy as np
 import xxhash
 
 from _charts import chart, plot_option
+from _order import shuffled_rounds
 from arrowstash import cache
 
 FLOOR, KEY, HIT, JOBLIB_HASH, JOBLIB_HIT = (
@@ -103,11 +103,8 @@ def measure(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, tuple[f
     shuffled each round (seeded): with a fixed rotation the key always ran right after the floor,
     its Python walk cold, and the L1 hit right after the key, warm."""
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in fns}
-    names = list(fns)
-    order = random.Random(0)
-    for _ in range(rounds):
-        order.shuffle(names)
-        for name in names:
+    for order in shuffled_rounds(list(fns), rounds):
+        for name in order:
             wall, cpu = time.perf_counter(), time.process_time()
             fns[name]()
             times[name].append((time.perf_counter() - wall, time.process_time() - cpu))

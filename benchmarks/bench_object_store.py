@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from _charts import chart, plot_option
+from _order import shuffled_rounds
 
 BUCKET, REGION, KEY_ID, SECRET = "arrowstash-bench", "us-east-1", "bench-key", "bench-secret"
 os.environ.update({"AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET,
@@ -218,8 +219,8 @@ def measure(server: Server, pairs: dict[str, tuple[Any, Any]], value: Any, check
         name: {k: [] for k in ("store", "store_cpu", "store_req", "hit", "hit_cpu", "hit_req")}
         for name in pairs}
     names = list(pairs)
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+    for r, order in enumerate(shuffled_rounds(names, rounds)):
+        for name in order:
             store, load = pairs[name]
             seen = samples[name]
             before = server.requests()
