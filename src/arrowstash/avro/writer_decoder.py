@@ -3,10 +3,11 @@ record batch: the layer under ``decoder.decode``, ``resolve`` and ``ocf``.
 
 ``decode_messages`` takes one datum per message (Kafka and the like), ``decode_blocks`` several
 datums back to back per block (an Object Container File's blocks after decompression). Both run
-the native decoder (``_native._cdecode``: no Python object per value, GIL released, messages
-split across threads) when it is built, else the pure-Python one (``_python.decoder``); both give
-the same batches and the same errors. ``ARROWSTASH_AVRO_NATIVE=0`` forces the pure-Python
-decoder; ``warn_pure_python`` says so once for the decoder and the encoder alike.
+the native decoder (``_native._cdecode``: no Python object per value, GIL released except while a
+list of ``bytes`` is read in place, messages split across threads) when it is built, else the
+pure-Python one (``_python.decoder``); both give the same batches and the same errors.
+``ARROWSTASH_AVRO_NATIVE=0`` forces the pure-Python decoder; ``warn_pure_python`` says so once
+for the decoder and the encoder alike.
 """
 
 from __future__ import annotations
