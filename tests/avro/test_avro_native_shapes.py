@@ -4,29 +4,18 @@ and far past them, mostly non-ASCII, with nulls of records of strings; errors to
 
 from __future__ import annotations
 
-import io
 import random
 from typing import Any
 
-import fastavro
 import pytest
 from test_avro_native import assert_same, both
 
+from _avro_strategies import write
 from arrowstash.avro import writer_decoder as codec
 
 pytestmark = pytest.mark.skipif(
     codec._cdecode is None, reason="the native Avro decoder is not built (no C compiler)"
 )
-
-
-def encoded(schema: dict[str, Any], rows: list[dict[str, Any]]) -> list[bytes]:
-    parsed = fastavro.parse_schema(schema)
-    out = []
-    for row in rows:
-        buf = io.BytesIO()
-        fastavro.schemaless_writer(buf, parsed, row)
-        out.append(buf.getvalue())
-    return out
 
 
 def nested(depth: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -53,7 +42,7 @@ def nested(depth: int) -> tuple[dict[str, Any], dict[str, Any]]:
 @pytest.mark.parametrize("depth", [15, 16, 17, 40])
 def test_deep_nesting_matches_python(depth: int) -> None:
     schema, value = nested(depth)
-    msgs = encoded(schema, [value] * 3)
+    msgs = write(schema, [value] * 3)
     assert_same(*both(msgs, schema))
     for cut in (1, len(msgs[0]) // 2, len(msgs[0]) - 1):  # errors deep inside, same report
         native, python = both([msgs[0], msgs[1][:cut]], schema)
@@ -96,13 +85,13 @@ def roomy_rows(n: int, seed: int) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_strings_of_every_size_match_python(threads: int) -> None:
-    msgs = encoded(ROOMY, roomy_rows(400, threads))
+    msgs = write(ROOMY, roomy_rows(400, threads))
     native, python = both(msgs, ROOMY, threads=threads)
     assert_same(native, python)
 
 
 def test_a_string_cut_short_or_negative_after_many_is_reported_like_python() -> None:
-    msgs = encoded(ROOMY, roomy_rows(100, 3))
+    msgs = write(ROOMY, roomy_rows(100, 3))
     last = msgs[-1]
     for broken in (last[: len(last) - 2], b"\x03"):  # truncated; a length of -2
         native, python = both([*msgs[:-1], broken], ROOMY)
