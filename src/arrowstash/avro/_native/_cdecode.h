@@ -22,7 +22,7 @@ enum { K_NULL, K_BOOL, K_INT, K_LONG, K_FLOAT, K_DOUBLE, K_BYTES, K_STRING, K_FI
        K_UUID_STR, K_DEC_BYTES, K_DEC_FIXED, K_DURATION, K_RECORD, K_ARRAY, K_MAP, K_UNION,
        K_SKIP /* read past a value of kind param (a field the reader drops) */,
        K_RAW /* a value read past through its one SKIP child, its bytes kept as a binary value */,
-       K_NULLABLE /* not a plan kind: Node.op of a ["null", T] node */ };
+       K_NULLABLE /* not a plan kind: Node.op of a ["null", T] node */, K_OPS };
 /* How deep skipped values may nest: _plan.SKIP_DEPTH. */
 #define SKIP_DEPTH 10000
 
