@@ -1,6 +1,7 @@
 """The native decoder against the pure-Python one on deep nesting (records, arrays, maps and
-nullables 15 to 40 levels down) and on strings and bytes of every size around 16, 64 and 2 KiB
-and far past them, mostly non-ASCII, with nulls of records of strings; errors too."""
+nullables 15 to 40 levels down), on strings and bytes of every size around 16, 64 and 2 KiB
+and far past them, mostly non-ASCII, with nulls of records of strings, and on optional leaves
+(either side of null) mixed with nulls at random; errors too."""
 
 from __future__ import annotations
 
@@ -95,5 +96,55 @@ def test_a_string_cut_short_or_negative_after_many_is_reported_like_python() -> 
     last = msgs[-1]
     for broken in (last[: len(last) - 2], b"\x03"):  # truncated; a length of -2
         native, python = both([*msgs[:-1], broken], ROOMY)
+        assert isinstance(python, str)
+        assert native == python
+
+
+OPTIONAL = {
+    "type": "record", "name": "Opt",
+    "fields": [
+        {"name": "s", "type": ["null", "string"]},
+        {"name": "t", "type": ["string", "null"]},
+        {"name": "i", "type": ["null", "int"]},
+        {"name": "j", "type": ["int", "null"]},
+        {"name": "l", "type": ["null", "long"]},
+        {"name": "m", "type": ["long", "null"]},
+        {"name": "b", "type": ["null", "bytes"]},
+        {"name": "e", "type": ["null", {"type": "enum", "name": "E", "symbols": ["X", "Y"]}]},
+    ],
+}
+
+
+def optional_rows(n: int, seed: int) -> list[dict[str, Any]]:
+    """Nulls at random between values of the optional leaves that records decode in code of
+    their own (strings, ints and longs either side of null), and of the others: ints and longs
+    of one to ten bytes, strings of 0 to 100 bytes, mostly non-ASCII."""
+    rng = random.Random(seed)
+
+    def maybe(value: Any) -> Any:
+        return None if rng.random() < 0.5 else value
+
+    def number(bits: int) -> int:
+        return rng.choice([-1, 1]) * (rng.getrandbits(rng.randrange(1, bits)))
+
+    def text() -> str:
+        return "".join(rng.choice("aé水🙂") for _ in range(rng.randrange(0, 40)))
+
+    return [{"s": maybe(text()), "t": maybe(text()), "i": maybe(number(31)),
+             "j": maybe(number(31)), "l": maybe(number(63)), "m": maybe(number(63)),
+             "b": maybe(text().encode()), "e": maybe(rng.choice("XY"))} for _ in range(n)]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_optional_leaves_match_python(threads: int) -> None:
+    msgs = write(OPTIONAL, optional_rows(2000, threads))
+    assert_same(*both(msgs, OPTIONAL, threads=threads))
+    for k in range(0, 40):  # every cut of a message: the same error as Python's
+        cut = msgs[k][: k % len(msgs[k])]
+        native, python = both([*msgs[:k], cut], OPTIONAL)
+        assert native == python
+    nulls = write(OPTIONAL, [dict.fromkeys(f["name"] for f in OPTIONAL["fields"])])[0]
+    for at in range(len(nulls)):  # branch 2 of a 2-branch union, in each field's place
+        native, python = both([nulls[:at] + b"\x04" + nulls[at + 1:]], OPTIONAL)
         assert isinstance(python, str)
         assert native == python

@@ -168,7 +168,7 @@ Node *cd_parse_plan(PyObject *plan, int *nnodes) {
         }
         for (int k = 0; k < nd->nchildren; k++) nd->kids[k] = &nodes[nd->children[k]];
         cd_bind_node(nd);
-        nd->op = nd->null_branch >= 0 ? K_NULLABLE : nd->kind;
+        nd->op = nd->null_branch >= 0 ? K_NULLABLE + nd->kind : nd->kind;
         nd->col_offset = (size_t)i * sizeof(Col);
         if (nd->kind == K_FLOAT) nd->size = 4;
         if (nd->kind == K_DOUBLE) nd->size = 8;

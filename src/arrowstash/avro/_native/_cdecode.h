@@ -22,7 +22,8 @@ enum { K_NULL, K_BOOL, K_INT, K_LONG, K_FLOAT, K_DOUBLE, K_BYTES, K_STRING, K_FI
        K_UUID_STR, K_DEC_BYTES, K_DEC_FIXED, K_DURATION, K_RECORD, K_ARRAY, K_MAP, K_UNION,
        K_SKIP /* read past a value of kind param (a field the reader drops) */,
        K_RAW /* a value read past through its one SKIP child, its bytes kept as a binary value */,
-       K_NULLABLE /* not a plan kind: Node.op of a ["null", T] node */, K_OPS };
+       K_NULLABLE /* not a plan kind: Node.op of a ["null", T] node is K_NULLABLE + T's kind */ };
+#define K_OPS (K_NULLABLE + K_RAW + 1)
 /* How deep skipped values may nest: _plan.SKIP_DEPTH. */
 #define SKIP_DEPTH 10000
 
@@ -41,7 +42,7 @@ typedef const uint8_t *(*DecFn)(struct Ctx *c, const struct Node *n, struct Col 
 
 typedef struct Node {
     int kind, null_branch, nchildren, null_child, index;
-    int op;             /* kind, or K_NULLABLE */
+    int op;             /* kind, or K_NULLABLE + kind */
     size_t col_offset;  /* index * sizeof(Col): where its column is in a context's array */
     int64_t param, size, min_size, item_min;
     int *children;

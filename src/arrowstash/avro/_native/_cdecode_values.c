@@ -300,9 +300,11 @@ static const uint8_t *d_dec_bytes(Ctx *c, const Node *n, Col *col, const uint8_t
     return p + v;
 }
 
-static inline __attribute__((always_inline)) const uint8_t *dec_leaf_or_call(
-    Ctx *c, const Node *n, Col *col, const uint8_t *p) {
-    switch (n->kind) {
+/* A value of kind `kind` (n's, or a constant where the caller knows it, so that the switch
+ * folds away): the common leaf kinds inline, the rest through n's function. */
+static inline __attribute__((always_inline)) const uint8_t *dec_kind(
+    Ctx *c, const Node *n, Col *col, const uint8_t *p, int kind) {
+    switch (kind) {
     case K_STRING: return d_string(c, n, col, p);
     case K_BYTES: return d_bytes(c, n, col, p);
     case K_INT: return d_int(c, n, col, p);
@@ -314,40 +316,43 @@ static inline __attribute__((always_inline)) const uint8_t *dec_leaf_or_call(
     }
 }
 
-/* ["null", T] or [T, "null"]: the branch index, then T's value or an empty slot. */
-static inline __attribute__((always_inline)) const uint8_t *d_nullable(Ctx *c, const Node *n,
-                                                                       Col *col, const uint8_t *p) {
+/* ["null", T] or [T, "null"] with T of kind `kind` (as for dec_kind): the branch index, then
+ * T's value or an empty slot. */
+static inline __attribute__((always_inline)) const uint8_t *d_nullable_of(
+    Ctx *c, const Node *n, Col *col, const uint8_t *p, int kind) {
     const uint8_t *start = p;
     int64_t idx;
     if (rd_long(c, &p, n->index, &idx)) return NULL;
     if (idx == n->null_branch) {
         /* a null leaf (the common case: a nullable string, int or long) in place; a record or
          * anything with children through empty(), which fills every column below it */
-        if (n->nempties == 1) {
-            int r;
-            switch (n->kind) {
-            case K_STRING: case K_BYTES: r = buf_i32(&col->offs, (int32_t)col->data.len); break;
-            case K_INT: case K_ENUM: r = buf_i32(&col->data, 0); break;
-            case K_LONG: case K_DOUBLE: r = buf_zeros(&col->data, 8); break;
-            default: return empty(c, n->index) ? OOM(c, start, n) : p;
-            }
-            if (r || bit_put(&col->valid, col->length, 0)) return OOM(c, start, n);
-            col->nulls++;
-            col->length++;
-            return p;
+        int r;
+        switch (kind) {
+        case K_STRING: case K_BYTES: r = buf_i32(&col->offs, (int32_t)col->data.len); break;
+        case K_INT: case K_ENUM: r = buf_i32(&col->data, 0); break;
+        case K_LONG: case K_DOUBLE: r = buf_zeros(&col->data, 8); break;
+        default: return empty(c, n->index) ? OOM(c, start, n) : p;
         }
-        return empty(c, n->index) ? OOM(c, start, n) : p;
+        if (r || bit_put(&col->valid, col->length, 0)) return OOM(c, start, n);
+        col->nulls++;
+        col->length++;
+        return p;
     }
     if (idx != 1 - n->null_branch) return FAIL(c, E_UNION_INDEX, start, n, idx);
     if (bit_put(&col->valid, col->length, 1)) return OOM(c, start, n);
-    return dec_leaf_or_call(c, n, col, p);
+    return dec_kind(c, n, col, p, kind);
+}
+
+static inline __attribute__((always_inline)) const uint8_t *d_nullable(Ctx *c, const Node *n,
+                                                                       Col *col, const uint8_t *p) {
+    return d_nullable_of(c, n, col, p, n->kind);
 }
 
 static inline __attribute__((always_inline)) const uint8_t *dec_any(Ctx *c, const Node *n,
                                                                     const uint8_t *p) {
     Col *col = (Col *)((char *)c->cols + n->col_offset);
-    switch (n->op) { /* the kind, or K_NULLABLE: one jump for both questions */
-    case K_NULLABLE: return d_nullable(c, n, col, p);
+    switch (n->op) { /* the kind, or ["null", kind]: one jump for both questions */
+    case K_NULLABLE ... K_OPS - 1: return d_nullable(c, n, col, p);
     case K_STRING: return d_string(c, n, col, p);
     case K_BYTES: return d_bytes(c, n, col, p);
     case K_INT: return d_int(c, n, col, p);
@@ -362,7 +367,8 @@ static inline __attribute__((always_inline)) const uint8_t *dec_any(Ctx *c, cons
 /* A record's fields in order, the next one's decoder found at the end of each (threaded code, a
  * GCC and Clang extension): each kind has its own indirect jump, which the branch predictor
  * learns far better than one jump shared by every field of every record, since a field's
- * kind mostly says which kind comes next. */
+ * kind mostly says which kind comes next. The common optional leaves have code of their own,
+ * so that a value of one takes no second jump on its kind. */
 static const uint8_t *d_record(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
     static const void *const at[K_OPS] = {
         [K_NULL] = &&call, [K_BOOL] = &&bool_, [K_INT] = &&int_, [K_LONG] = &&long_,
@@ -370,7 +376,8 @@ static const uint8_t *d_record(Ctx *c, const Node *n, Col *col, const uint8_t *p
         [K_FIXED] = &&sized, [K_ENUM] = &&enum_, [K_UUID_STR] = &&call, [K_DEC_BYTES] = &&call,
         [K_DEC_FIXED] = &&call, [K_DURATION] = &&call, [K_RECORD] = &&call, [K_ARRAY] = &&call,
         [K_MAP] = &&call, [K_UNION] = &&call, [K_SKIP] = &&call, [K_RAW] = &&call,
-        [K_NULLABLE] = &&nullable,
+        [K_NULLABLE ... K_OPS - 1] = &&nullable, [K_NULLABLE + K_STRING] = &&opt_string,
+        [K_NULLABLE + K_INT] = &&opt_int, [K_NULLABLE + K_LONG] = &&opt_long,
     };
     Node *const *kid = n->kids, *const *last = n->kids + n->nchildren;
     const Node *k;
@@ -386,6 +393,9 @@ static const uint8_t *d_record(Ctx *c, const Node *n, Col *col, const uint8_t *p
     k = *kid, kc = COL(c, k);
     goto *at[k->op];
 nullable: NEXT_FIELD(d_nullable(c, k, kc, p));
+opt_string: NEXT_FIELD(d_nullable_of(c, k, kc, p, K_STRING));
+opt_int: NEXT_FIELD(d_nullable_of(c, k, kc, p, K_INT));
+opt_long: NEXT_FIELD(d_nullable_of(c, k, kc, p, K_LONG));
 string: NEXT_FIELD(d_string(c, k, kc, p));
 bytes: NEXT_FIELD(d_bytes(c, k, kc, p));
 int_: NEXT_FIELD(d_int(c, k, kc, p));
