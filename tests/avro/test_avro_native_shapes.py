@@ -1,10 +1,12 @@
 """The native decoder against the pure-Python one on deep nesting (records, arrays, maps and
 nullables 15 to 40 levels down), on strings and bytes of every size around 16, 64 and 2 KiB
-and far past them, mostly non-ASCII, with nulls of records of strings, and on optional leaves
-(either side of null) mixed with nulls at random; errors too."""
+and far past them, mostly non-ASCII, with nulls of records of strings, on optional leaves
+(either side of null) mixed with nulls at random, and on null records holding every kind;
+errors too."""
 
 from __future__ import annotations
 
+import decimal
 import random
 from typing import Any
 
@@ -148,3 +150,42 @@ def test_optional_leaves_match_python(threads: int) -> None:
         native, python = both([nulls[:at] + b"\x04" + nulls[at + 1:]], OPTIONAL)
         assert isinstance(python, str)
         assert native == python
+
+
+EVERY = {
+    "type": "record", "name": "Every",
+    "fields": [
+        {"name": "b", "type": "boolean"}, {"name": "i", "type": "int"},
+        {"name": "l", "type": "long"}, {"name": "f", "type": "float"},
+        {"name": "d", "type": "double"}, {"name": "by", "type": "bytes"},
+        {"name": "s", "type": "string"},
+        {"name": "fx", "type": {"type": "fixed", "name": "F3", "size": 3}},
+        {"name": "e", "type": {"type": "enum", "name": "E2", "symbols": ["X", "Y"]}},
+        {"name": "u", "type": {"type": "string", "logicalType": "uuid"}},
+        {"name": "dec", "type": {"type": "bytes", "logicalType": "decimal", "precision": 9,
+                                 "scale": 2}},
+        {"name": "decf", "type": {"type": "fixed", "name": "F5", "size": 5,
+                                  "logicalType": "decimal", "precision": 9, "scale": 2}},
+        {"name": "a", "type": {"type": "array", "items": "int"}},
+        {"name": "m", "type": {"type": "map", "values": "string"}},
+        {"name": "un", "type": ["int", "null", "string"]},
+        {"name": "on", "type": ["null", "string"]},
+        {"name": "r", "type": {"type": "record", "name": "In", "fields": [
+            {"name": "x", "type": ["null", "long"]}]}},
+    ],
+}
+HOLDER = {"type": "record", "name": "Holder", "fields": [
+    {"name": "o", "type": ["null", EVERY]}, {"name": "tail", "type": "string"}]}
+
+
+def test_a_null_record_of_every_kind_matches_python() -> None:
+    """A null record fills a slot in every column below it (empty()): each kind's, between
+    records that are there, so that offsets and type ids must carry on from the nulls."""
+    rng = random.Random(9)
+    present = {"b": True, "i": -5, "l": 1 << 40, "f": 1.5, "d": -2.25, "by": b"\x00\x01",
+               "s": "é", "fx": b"abc", "e": "Y", "u": "12345678-1234-5678-1234-567812345678",
+               "dec": decimal.Decimal("12.34"), "decf": decimal.Decimal("-0.05"),
+               "a": [1, 2, 3], "m": {"k": "v"}, "un": "w", "on": "z", "r": {"x": 7}}
+    rows = [{"o": present if rng.random() < 0.4 else None, "tail": f"t{k}"} for k in range(300)]
+    for threads in (1, 2):
+        assert_same(*both(write(HOLDER, rows), HOLDER, threads=threads))

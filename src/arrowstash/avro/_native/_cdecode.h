@@ -40,6 +40,15 @@ struct Node;
 typedef const uint8_t *(*DecFn)(struct Ctx *c, const struct Node *n, struct Col *col,
                                 const uint8_t *p);
 
+/* A column that an empty slot of a node appends to (empty(), _cdecode_values.c): what empty()
+ * needs of that column's node, so that it reads no node. */
+typedef struct {
+    size_t col;   /* the column's offset in a context's array */
+    size_t of;    /* arrays, maps, unions: the offset of the column whose length is the offset */
+    size_t zeros; /* fixed and decimals: the value's bytes */
+    int8_t kind, nullable, tid; /* tid: a union's branch (its first null, else 0) */
+} Empty;
+
 typedef struct Node {
     int kind, null_branch, nchildren, null_child, index;
     int op;             /* kind, or K_NULLABLE + kind */
@@ -47,7 +56,8 @@ typedef struct Node {
     int64_t param, size, min_size, item_min;
     int *children;
     struct Node **kids; /* the children as pointers */
-    int *empties, nempties; /* the nodes an empty slot of this one touches, in order */
+    Empty *empties;     /* the columns an empty slot of this one appends to, in order */
+    int nempties;
     DecFn fn;           /* the value */
     DecFn entry;        /* fn, or the ["null", T] wrapper around it */
     uint8_t limit[32];  /* decimals: 10**precision, little-endian, param bytes */

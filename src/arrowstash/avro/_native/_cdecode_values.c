@@ -99,42 +99,34 @@ static int convert_decimal(const Node *n, const uint8_t *src, int64_t len, uint8
 /* -- the walk ------------------------------------------------------------------------------ */
 
 /* A slot with no value: a null, or a child of a null record. Same as _decode.py's empties, with
- * the recursion flattened into the node's precomputed list (the node, then what it holds). */
-static int empty(Ctx *c, int ni) {
-    /* in locals: the stores below (through byte pointers) could alias c and the nodes, so
-     * values read through them would be read again after each store */
-    const Node *nodes = c->nodes;
+ * the recursion flattened into the node's precomputed list of columns (the node's, then those
+ * of what it holds). */
+static int empty(Ctx *c, const Node *node) {
+    /* in a local: the stores below (through byte pointers) could alias c */
     char *cols = (char *)c->cols;
-    const int *e = nodes[ni].empties, *last = e + nodes[ni].nempties;
-    for (; e < last; e++) {
-        const Node *n = &nodes[*e];
-        Col *col = (Col *)(cols + n->col_offset);
+    for (const Empty *e = node->empties, *last = e + node->nempties; e < last; e++) {
+        Col *col = (Col *)(cols + e->col);
         int64_t len = col->length;
         int r = 0;
-        if (n->null_branch >= 0) {
+        if (e->nullable) {
             if (bit_put(&col->valid, len, 0)) return -1;
             col->nulls++;
         }
-        switch (n->kind) {
+        switch (e->kind) {
         case K_NULL: case K_RECORD: break;
         case K_BOOL: r = bit_put(&col->data, len, 0); break;
         case K_INT: case K_ENUM: case K_FLOAT: r = buf_i32(&col->data, 0); break;
         case K_LONG: case K_DOUBLE: r = buf_zeros(&col->data, 8); break;
-        case K_FIXED: case K_DEC_BYTES: case K_DEC_FIXED:
-            r = buf_zeros(&col->data, (size_t)n->param);
-            break;
+        case K_FIXED: case K_DEC_BYTES: case K_DEC_FIXED: r = buf_zeros(&col->data, e->zeros); break;
         case K_UUID_STR: case K_DURATION: r = buf_zeros(&col->data, 16); break;
         case K_RAW: /* a binary column */
         case K_BYTES: case K_STRING: r = buf_i32(&col->offs, (int32_t)col->data.len); break;
+        case K_UNION: /* the null branch (or branch 0) gets the empty value, next in the list */
+            if (buf_put(&col->tids, &e->tid, 1)) return -1;
+            /* fall through: the offset, as an array's */
         case K_ARRAY: case K_MAP:
-            r = buf_i32(&col->offs, (int32_t)c->cols[n->children[0]].length);
+            r = buf_i32(&col->offs, (int32_t)((Col *)(cols + e->of))->length);
             break;
-        case K_UNION: { /* the null branch (or branch 0) gets the empty value, next in the list */
-            int8_t tid = (int8_t)n->null_child;
-            r = buf_put(&col->tids, &tid, 1);
-            if (!r) r = buf_i32(&col->offs, (int32_t)c->cols[n->children[tid]].length);
-            break;
-        }
         }
         if (r) return -1;
         col->length = len + 1;
@@ -331,7 +323,7 @@ static inline __attribute__((always_inline)) const uint8_t *d_nullable_of(
         case K_STRING: case K_BYTES: r = buf_i32(&col->offs, (int32_t)col->data.len); break;
         case K_INT: case K_ENUM: r = buf_i32(&col->data, 0); break;
         case K_LONG: case K_DOUBLE: r = buf_zeros(&col->data, 8); break;
-        default: return empty(c, n->index) ? OOM(c, start, n) : p;
+        default: return empty(c, n) ? OOM(c, start, n) : p;
         }
         if (r || bit_put(&col->valid, col->length, 0)) return OOM(c, start, n);
         col->nulls++;
