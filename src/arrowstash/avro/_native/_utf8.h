@@ -201,23 +201,20 @@ static unsigned starts_bad_scalar(const uint8_t *data, const int32_t *off, int64
 
 #ifdef UTF8_HAVE_AVX2
 /* The same, 8 strings a step: their first bytes fetched in one gather. A gather lane reads 4
- * bytes from a string's first, so up to 3 bytes past `end`: the decoder keeps 64 bytes of room
- * past the last string of a column (d_bytes_or_string's reserve), and only the first is used. */
+ * bytes from a string's first, so the steps stop where the 8th string starts within 3 bytes of
+ * `end` (then every string of the step starts before `end`, and nothing past it is read); the
+ * rest goes the scalar way. */
 __attribute__((target("avx2"))) static unsigned starts_bad_avx2(const uint8_t *data,
                                                                 const int32_t *off, int64_t from,
                                                                 int64_t to, int32_t begin,
                                                                 int32_t end) {
-    const __m256i vend = _mm256_set1_epi32(end), vbegin = _mm256_set1_epi32(begin);
     const __m256i top2 = _mm256_set1_epi32(0xC0), cont = _mm256_set1_epi32(0x80);
     __m256i bad = _mm256_setzero_si256();
     int64_t k = from;
-    for (; k + 8 <= to; k += 8) {
+    for (; k + 8 <= to && off[k + 7] <= end - 4; k += 8) {
         __m256i at = _mm256_loadu_si256((const __m256i *)(off + k));
-        __m256i inside = _mm256_cmpgt_epi32(vend, at);
-        at = _mm256_blendv_epi8(vbegin, at, inside);
         __m256i first = _mm256_i32gather_epi32((const int *)data, at, 1);
-        __m256i is_cont = _mm256_cmpeq_epi32(_mm256_and_si256(first, top2), cont);
-        bad = _mm256_or_si256(bad, _mm256_and_si256(is_cont, inside));
+        bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(first, top2), cont));
     }
     return !_mm256_testz_si256(bad, bad) | starts_bad_scalar(data, off, k, to, begin, end);
 }
