@@ -1,9 +1,12 @@
 """The native decoder against the pure-Python one on deep nesting (records, arrays, maps and
-nullables 15 to 40 levels down) and on strings and bytes of every size around 16, 64 and 2 KiB
-and far past them, mostly non-ASCII, with nulls of records of strings; errors too."""
+nullables 15 to 40 levels down), on strings and bytes of every size around 16, 64 and 2 KiB
+and far past them, mostly non-ASCII, with nulls of records of strings, on optional leaves
+(either side of null) mixed with nulls at random, and on null records holding every kind;
+errors too."""
 
 from __future__ import annotations
 
+import decimal
 import random
 from typing import Any
 
@@ -97,3 +100,92 @@ def test_a_string_cut_short_or_negative_after_many_is_reported_like_python() -> 
         native, python = both([*msgs[:-1], broken], ROOMY)
         assert isinstance(python, str)
         assert native == python
+
+
+OPTIONAL = {
+    "type": "record", "name": "Opt",
+    "fields": [
+        {"name": "s", "type": ["null", "string"]},
+        {"name": "t", "type": ["string", "null"]},
+        {"name": "i", "type": ["null", "int"]},
+        {"name": "j", "type": ["int", "null"]},
+        {"name": "l", "type": ["null", "long"]},
+        {"name": "m", "type": ["long", "null"]},
+        {"name": "b", "type": ["null", "bytes"]},
+        {"name": "e", "type": ["null", {"type": "enum", "name": "E", "symbols": ["X", "Y"]}]},
+    ],
+}
+
+
+def optional_rows(n: int, seed: int) -> list[dict[str, Any]]:
+    """Nulls at random between values of the optional leaves that records decode in code of
+    their own (strings, ints and longs either side of null), and of the others: ints and longs
+    of one to ten bytes, strings of 0 to 100 bytes, mostly non-ASCII."""
+    rng = random.Random(seed)
+
+    def maybe(value: Any) -> Any:
+        return None if rng.random() < 0.5 else value
+
+    def number(bits: int) -> int:
+        return rng.choice([-1, 1]) * (rng.getrandbits(rng.randrange(1, bits)))
+
+    def text() -> str:
+        return "".join(rng.choice("aé水🙂") for _ in range(rng.randrange(0, 40)))
+
+    return [{"s": maybe(text()), "t": maybe(text()), "i": maybe(number(31)),
+             "j": maybe(number(31)), "l": maybe(number(63)), "m": maybe(number(63)),
+             "b": maybe(text().encode()), "e": maybe(rng.choice("XY"))} for _ in range(n)]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_optional_leaves_match_python(threads: int) -> None:
+    msgs = write(OPTIONAL, optional_rows(2000, threads))
+    assert_same(*both(msgs, OPTIONAL, threads=threads))
+    for k in range(0, 40):  # every cut of a message: the same error as Python's
+        cut = msgs[k][: k % len(msgs[k])]
+        native, python = both([*msgs[:k], cut], OPTIONAL)
+        assert native == python
+    nulls = write(OPTIONAL, [dict.fromkeys(f["name"] for f in OPTIONAL["fields"])])[0]
+    for at in range(len(nulls)):  # branch 2 of a 2-branch union, in each field's place
+        native, python = both([nulls[:at] + b"\x04" + nulls[at + 1:]], OPTIONAL)
+        assert isinstance(python, str)
+        assert native == python
+
+
+EVERY = {
+    "type": "record", "name": "Every",
+    "fields": [
+        {"name": "b", "type": "boolean"}, {"name": "i", "type": "int"},
+        {"name": "l", "type": "long"}, {"name": "f", "type": "float"},
+        {"name": "d", "type": "double"}, {"name": "by", "type": "bytes"},
+        {"name": "s", "type": "string"},
+        {"name": "fx", "type": {"type": "fixed", "name": "F3", "size": 3}},
+        {"name": "e", "type": {"type": "enum", "name": "E2", "symbols": ["X", "Y"]}},
+        {"name": "u", "type": {"type": "string", "logicalType": "uuid"}},
+        {"name": "dec", "type": {"type": "bytes", "logicalType": "decimal", "precision": 9,
+                                 "scale": 2}},
+        {"name": "decf", "type": {"type": "fixed", "name": "F5", "size": 5,
+                                  "logicalType": "decimal", "precision": 9, "scale": 2}},
+        {"name": "a", "type": {"type": "array", "items": "int"}},
+        {"name": "m", "type": {"type": "map", "values": "string"}},
+        {"name": "un", "type": ["int", "null", "string"]},
+        {"name": "on", "type": ["null", "string"]},
+        {"name": "r", "type": {"type": "record", "name": "In", "fields": [
+            {"name": "x", "type": ["null", "long"]}]}},
+    ],
+}
+HOLDER = {"type": "record", "name": "Holder", "fields": [
+    {"name": "o", "type": ["null", EVERY]}, {"name": "tail", "type": "string"}]}
+
+
+def test_a_null_record_of_every_kind_matches_python() -> None:
+    """A null record fills a slot in every column below it (empty()): each kind's, between
+    records that are there, so that offsets and type ids must carry on from the nulls."""
+    rng = random.Random(9)
+    present = {"b": True, "i": -5, "l": 1 << 40, "f": 1.5, "d": -2.25, "by": b"\x00\x01",
+               "s": "é", "fx": b"abc", "e": "Y", "u": "12345678-1234-5678-1234-567812345678",
+               "dec": decimal.Decimal("12.34"), "decf": decimal.Decimal("-0.05"),
+               "a": [1, 2, 3], "m": {"k": "v"}, "un": "w", "on": "z", "r": {"x": 7}}
+    rows = [{"o": present if rng.random() < 0.4 else None, "tail": f"t{k}"} for k in range(300)]
+    for threads in (1, 2):
+        assert_same(*both(write(HOLDER, rows), HOLDER, threads=threads))

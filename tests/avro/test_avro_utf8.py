@@ -114,6 +114,27 @@ def test_a_character_split_between_two_strings_is_invalid() -> None:
           [[b"x" * 40 + euro[:1], euro[1:]]])
 
 
+@pytest.mark.parametrize("empties", [False, True])
+def test_a_split_character_is_found_among_many_strings(empties: bool) -> None:
+    """The first bytes of a column's strings are looked at 8 at a time, then one by one: a
+    string starting on a continuation (the valid bytes of a character split with the string
+    before) at every position of 1 to 25 strings, empty strings between them and last too."""
+    euro = "€".encode()
+    for count in range(1, 26):
+        for split in range(1, count):
+            raws = [f"é{k}".encode() for k in range(count)]
+            raws[split - 1] += euro[:1]
+            raws[split] = euro[1:] + raws[split]
+            if empties:
+                raws = [r for raw in raws for r in (b"", raw)] + [b""]
+            check([string(r) for r in raws], ONE, [[r] for r in raws])
+            items = zigzag(len(raws)) + b"".join(map(string, raws)) + b"\x00"
+            with pytest.raises(AvroDecodeError, match=r"^message 0 .*invalid UTF-8"):
+                decode([items], LIST)
+        good = [f"é{k}".encode() for k in range(count)] + [b""]
+        check([string(r) for r in good], ONE, [[r] for r in good])
+
+
 def test_the_first_bad_message_of_a_big_batch_is_named() -> None:
     """Past the decoder's deferred checks (every few tens of kilobytes): the message named is
     the first bad one, wherever it is."""

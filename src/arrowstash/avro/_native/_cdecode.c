@@ -70,10 +70,19 @@ void cd_free_nodes(Node *nodes, int n) {
     free(nodes);
 }
 
-/* The nodes an empty slot of node i appends to, in the order empty() must visit them. */
-static void collect_empties(const Node *nodes, int i, int *out, int *count) {
+/* The columns an empty slot of node i appends to, in the order empty() must visit them. */
+static void collect_empties(const Node *nodes, int i, Empty *out, int *count) {
     const Node *n = &nodes[i];
-    out[(*count)++] = i;
+    Empty *e = &out[(*count)++];
+    e->col = n->col_offset;
+    e->kind = (int8_t)n->kind;
+    e->nullable = n->null_branch >= 0;
+    e->zeros = (size_t)n->param;
+    if (n->kind == K_ARRAY || n->kind == K_MAP) e->of = nodes[n->children[0]].col_offset;
+    if (n->kind == K_UNION) {
+        e->tid = (int8_t)n->null_child;
+        e->of = nodes[n->children[n->null_child]].col_offset;
+    }
     if (n->kind == K_RECORD) /* a skipped field has no slot (and its nodes may form cycles) */
         for (int k = 0; k < n->nchildren; k++) {
             if (nodes[n->children[k]].kind != K_SKIP)
@@ -168,7 +177,7 @@ Node *cd_parse_plan(PyObject *plan, int *nnodes) {
         }
         for (int k = 0; k < nd->nchildren; k++) nd->kids[k] = &nodes[nd->children[k]];
         cd_bind_node(nd);
-        nd->op = nd->null_branch >= 0 ? K_NULLABLE : nd->kind;
+        nd->op = nd->null_branch >= 0 ? K_NULLABLE + nd->kind : nd->kind;
         nd->col_offset = (size_t)i * sizeof(Col);
         if (nd->kind == K_FLOAT) nd->size = 4;
         if (nd->kind == K_DOUBLE) nd->size = 8;
@@ -185,7 +194,7 @@ Node *cd_parse_plan(PyObject *plan, int *nnodes) {
         }
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        nodes[i].empties = calloc((size_t)n, sizeof(int));
+        nodes[i].empties = calloc((size_t)n, sizeof(Empty));
         if (!nodes[i].empties) {
             PyErr_NoMemory();
             goto error;

@@ -22,7 +22,8 @@ enum { K_NULL, K_BOOL, K_INT, K_LONG, K_FLOAT, K_DOUBLE, K_BYTES, K_STRING, K_FI
        K_UUID_STR, K_DEC_BYTES, K_DEC_FIXED, K_DURATION, K_RECORD, K_ARRAY, K_MAP, K_UNION,
        K_SKIP /* read past a value of kind param (a field the reader drops) */,
        K_RAW /* a value read past through its one SKIP child, its bytes kept as a binary value */,
-       K_NULLABLE /* not a plan kind: Node.op of a ["null", T] node */ };
+       K_NULLABLE /* not a plan kind: Node.op of a ["null", T] node is K_NULLABLE + T's kind */ };
+#define K_OPS (K_NULLABLE + K_RAW + 1)
 /* How deep skipped values may nest: _plan.SKIP_DEPTH. */
 #define SKIP_DEPTH 10000
 
@@ -39,14 +40,24 @@ struct Node;
 typedef const uint8_t *(*DecFn)(struct Ctx *c, const struct Node *n, struct Col *col,
                                 const uint8_t *p);
 
+/* A column that an empty slot of a node appends to (empty(), _cdecode_values.c): what empty()
+ * needs of that column's node, so that it reads no node. */
+typedef struct {
+    size_t col;   /* the column's offset in a context's array */
+    size_t of;    /* arrays, maps, unions: the offset of the column whose length is the offset */
+    size_t zeros; /* fixed and decimals: the value's bytes */
+    int8_t kind, nullable, tid; /* tid: a union's branch (its first null, else 0) */
+} Empty;
+
 typedef struct Node {
     int kind, null_branch, nchildren, null_child, index;
-    int op;             /* kind, or K_NULLABLE */
+    int op;             /* kind, or K_NULLABLE + kind */
     size_t col_offset;  /* index * sizeof(Col): where its column is in a context's array */
     int64_t param, size, min_size, item_min;
     int *children;
     struct Node **kids; /* the children as pointers */
-    int *empties, nempties; /* the nodes an empty slot of this one touches, in order */
+    Empty *empties;     /* the columns an empty slot of this one appends to, in order */
+    int nempties;
     DecFn fn;           /* the value */
     DecFn entry;        /* fn, or the ["null", T] wrapper around it */
     uint8_t limit[32];  /* decimals: 10**precision, little-endian, param bytes */

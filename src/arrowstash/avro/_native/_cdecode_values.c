@@ -99,42 +99,34 @@ static int convert_decimal(const Node *n, const uint8_t *src, int64_t len, uint8
 /* -- the walk ------------------------------------------------------------------------------ */
 
 /* A slot with no value: a null, or a child of a null record. Same as _decode.py's empties, with
- * the recursion flattened into the node's precomputed list (the node, then what it holds). */
-static int empty(Ctx *c, int ni) {
-    /* in locals: the stores below (through byte pointers) could alias c and the nodes, so
-     * values read through them would be read again after each store */
-    const Node *nodes = c->nodes;
+ * the recursion flattened into the node's precomputed list of columns (the node's, then those
+ * of what it holds). */
+static int empty(Ctx *c, const Node *node) {
+    /* in a local: the stores below (through byte pointers) could alias c */
     char *cols = (char *)c->cols;
-    const int *e = nodes[ni].empties, *last = e + nodes[ni].nempties;
-    for (; e < last; e++) {
-        const Node *n = &nodes[*e];
-        Col *col = (Col *)(cols + n->col_offset);
+    for (const Empty *e = node->empties, *last = e + node->nempties; e < last; e++) {
+        Col *col = (Col *)(cols + e->col);
         int64_t len = col->length;
         int r = 0;
-        if (n->null_branch >= 0) {
+        if (e->nullable) {
             if (bit_put(&col->valid, len, 0)) return -1;
             col->nulls++;
         }
-        switch (n->kind) {
+        switch (e->kind) {
         case K_NULL: case K_RECORD: break;
         case K_BOOL: r = bit_put(&col->data, len, 0); break;
         case K_INT: case K_ENUM: case K_FLOAT: r = buf_i32(&col->data, 0); break;
         case K_LONG: case K_DOUBLE: r = buf_zeros(&col->data, 8); break;
-        case K_FIXED: case K_DEC_BYTES: case K_DEC_FIXED:
-            r = buf_zeros(&col->data, (size_t)n->param);
-            break;
+        case K_FIXED: case K_DEC_BYTES: case K_DEC_FIXED: r = buf_zeros(&col->data, e->zeros); break;
         case K_UUID_STR: case K_DURATION: r = buf_zeros(&col->data, 16); break;
         case K_RAW: /* a binary column */
         case K_BYTES: case K_STRING: r = buf_i32(&col->offs, (int32_t)col->data.len); break;
+        case K_UNION: /* the null branch (or branch 0) gets the empty value, next in the list */
+            if (buf_put(&col->tids, &e->tid, 1)) return -1;
+            /* fall through: the offset, as an array's */
         case K_ARRAY: case K_MAP:
-            r = buf_i32(&col->offs, (int32_t)c->cols[n->children[0]].length);
+            r = buf_i32(&col->offs, (int32_t)((Col *)(cols + e->of))->length);
             break;
-        case K_UNION: { /* the null branch (or branch 0) gets the empty value, next in the list */
-            int8_t tid = (int8_t)n->null_child;
-            r = buf_put(&col->tids, &tid, 1);
-            if (!r) r = buf_i32(&col->offs, (int32_t)c->cols[n->children[tid]].length);
-            break;
-        }
         }
         if (r) return -1;
         col->length = len + 1;
@@ -144,6 +136,7 @@ static int empty(Ctx *c, int ni) {
 
 /* One value of kid: the common leaf kinds inline (no call), the rest through its function. */
 #define CHILD(c, kid, p) dec_any((c), (kid), (p))
+#define COL(c, n) ((Col *)((char *)(c)->cols + (n)->col_offset))
 #define FAIL(c, code, at, n, detail) (fail((c), (code), (at), (n)->index, (detail)), NULL)
 #define OOM(c, at, n) (oom((c), (at), (n)->index), NULL)
 
@@ -299,9 +292,11 @@ static const uint8_t *d_dec_bytes(Ctx *c, const Node *n, Col *col, const uint8_t
     return p + v;
 }
 
-static inline __attribute__((always_inline)) const uint8_t *dec_leaf_or_call(
-    Ctx *c, const Node *n, Col *col, const uint8_t *p) {
-    switch (n->kind) {
+/* A value of kind `kind` (n's, or a constant where the caller knows it, so that the switch
+ * folds away): the common leaf kinds inline, the rest through n's function. */
+static inline __attribute__((always_inline)) const uint8_t *dec_kind(
+    Ctx *c, const Node *n, Col *col, const uint8_t *p, int kind) {
+    switch (kind) {
     case K_STRING: return d_string(c, n, col, p);
     case K_BYTES: return d_bytes(c, n, col, p);
     case K_INT: return d_int(c, n, col, p);
@@ -313,40 +308,43 @@ static inline __attribute__((always_inline)) const uint8_t *dec_leaf_or_call(
     }
 }
 
-/* ["null", T] or [T, "null"]: the branch index, then T's value or an empty slot. */
-static inline __attribute__((always_inline)) const uint8_t *d_nullable(Ctx *c, const Node *n,
-                                                                       Col *col, const uint8_t *p) {
+/* ["null", T] or [T, "null"] with T of kind `kind` (as for dec_kind): the branch index, then
+ * T's value or an empty slot. */
+static inline __attribute__((always_inline)) const uint8_t *d_nullable_of(
+    Ctx *c, const Node *n, Col *col, const uint8_t *p, int kind) {
     const uint8_t *start = p;
     int64_t idx;
     if (rd_long(c, &p, n->index, &idx)) return NULL;
     if (idx == n->null_branch) {
         /* a null leaf (the common case: a nullable string, int or long) in place; a record or
          * anything with children through empty(), which fills every column below it */
-        if (n->nempties == 1) {
-            int r;
-            switch (n->kind) {
-            case K_STRING: case K_BYTES: r = buf_i32(&col->offs, (int32_t)col->data.len); break;
-            case K_INT: case K_ENUM: r = buf_i32(&col->data, 0); break;
-            case K_LONG: case K_DOUBLE: r = buf_zeros(&col->data, 8); break;
-            default: return empty(c, n->index) ? OOM(c, start, n) : p;
-            }
-            if (r || bit_put(&col->valid, col->length, 0)) return OOM(c, start, n);
-            col->nulls++;
-            col->length++;
-            return p;
+        int r;
+        switch (kind) {
+        case K_STRING: case K_BYTES: r = buf_i32(&col->offs, (int32_t)col->data.len); break;
+        case K_INT: case K_ENUM: r = buf_i32(&col->data, 0); break;
+        case K_LONG: case K_DOUBLE: r = buf_zeros(&col->data, 8); break;
+        default: return empty(c, n) ? OOM(c, start, n) : p;
         }
-        return empty(c, n->index) ? OOM(c, start, n) : p;
+        if (r || bit_put(&col->valid, col->length, 0)) return OOM(c, start, n);
+        col->nulls++;
+        col->length++;
+        return p;
     }
     if (idx != 1 - n->null_branch) return FAIL(c, E_UNION_INDEX, start, n, idx);
     if (bit_put(&col->valid, col->length, 1)) return OOM(c, start, n);
-    return dec_leaf_or_call(c, n, col, p);
+    return dec_kind(c, n, col, p, kind);
+}
+
+static inline __attribute__((always_inline)) const uint8_t *d_nullable(Ctx *c, const Node *n,
+                                                                       Col *col, const uint8_t *p) {
+    return d_nullable_of(c, n, col, p, n->kind);
 }
 
 static inline __attribute__((always_inline)) const uint8_t *dec_any(Ctx *c, const Node *n,
                                                                     const uint8_t *p) {
     Col *col = (Col *)((char *)c->cols + n->col_offset);
-    switch (n->op) { /* the kind, or K_NULLABLE: one jump for both questions */
-    case K_NULLABLE: return d_nullable(c, n, col, p);
+    switch (n->op) { /* the kind, or ["null", kind]: one jump for both questions */
+    case K_NULLABLE ... K_OPS - 1: return d_nullable(c, n, col, p);
     case K_STRING: return d_string(c, n, col, p);
     case K_BYTES: return d_bytes(c, n, col, p);
     case K_INT: return d_int(c, n, col, p);
@@ -358,10 +356,48 @@ static inline __attribute__((always_inline)) const uint8_t *dec_any(Ctx *c, cons
     }
 }
 
+/* A record's fields in order, the next one's decoder found at the end of each (threaded code, a
+ * GCC and Clang extension): each kind has its own indirect jump, which the branch predictor
+ * learns far better than one jump shared by every field of every record, since a field's
+ * kind mostly says which kind comes next. The common optional leaves have code of their own,
+ * so that a value of one takes no second jump on its kind. */
 static const uint8_t *d_record(Ctx *c, const Node *n, Col *col, const uint8_t *p) {
+    static const void *const at[K_OPS] = {
+        [K_NULL] = &&call, [K_BOOL] = &&bool_, [K_INT] = &&int_, [K_LONG] = &&long_,
+        [K_FLOAT] = &&sized, [K_DOUBLE] = &&sized, [K_BYTES] = &&bytes, [K_STRING] = &&string,
+        [K_FIXED] = &&sized, [K_ENUM] = &&enum_, [K_UUID_STR] = &&call, [K_DEC_BYTES] = &&call,
+        [K_DEC_FIXED] = &&call, [K_DURATION] = &&call, [K_RECORD] = &&call, [K_ARRAY] = &&call,
+        [K_MAP] = &&call, [K_UNION] = &&call, [K_SKIP] = &&call, [K_RAW] = &&call,
+        [K_NULLABLE ... K_OPS - 1] = &&nullable, [K_NULLABLE + K_STRING] = &&opt_string,
+        [K_NULLABLE + K_INT] = &&opt_int, [K_NULLABLE + K_LONG] = &&opt_long,
+    };
     Node *const *kid = n->kids, *const *last = n->kids + n->nchildren;
-    for (; kid < last; kid++)
-        if (!(p = CHILD(c, *kid, p))) return NULL;
+    const Node *k;
+    Col *kc;
+#define NEXT_FIELD(value)                                                                        \
+    do {                                                                                         \
+        if (!(p = (value))) return NULL;                                                         \
+        if (++kid == last) goto done;                                                            \
+        k = *kid, kc = COL(c, k);                                                                \
+        goto *at[k->op];                                                                         \
+    } while (0)
+    if (kid == last) goto done;
+    k = *kid, kc = COL(c, k);
+    goto *at[k->op];
+nullable: NEXT_FIELD(d_nullable(c, k, kc, p));
+opt_string: NEXT_FIELD(d_nullable_of(c, k, kc, p, K_STRING));
+opt_int: NEXT_FIELD(d_nullable_of(c, k, kc, p, K_INT));
+opt_long: NEXT_FIELD(d_nullable_of(c, k, kc, p, K_LONG));
+string: NEXT_FIELD(d_string(c, k, kc, p));
+bytes: NEXT_FIELD(d_bytes(c, k, kc, p));
+int_: NEXT_FIELD(d_int(c, k, kc, p));
+long_: NEXT_FIELD(d_long(c, k, kc, p));
+bool_: NEXT_FIELD(d_bool(c, k, kc, p));
+enum_: NEXT_FIELD(d_enum(c, k, kc, p));
+sized: NEXT_FIELD(d_sized(c, k, kc, p));
+call: NEXT_FIELD(k->fn(c, k, kc, p));
+#undef NEXT_FIELD
+done:
     col->length++;
     return p;
 }

@@ -149,10 +149,18 @@ __attribute__((target("avx2"))) static int utf8_avx2(const uint8_t *s, size_t n)
     return _mm256_testz_si256(err, err);
 }
 
-/* All ASCII? 32 bytes at a time: most strings are, and then their check is this pass. */
+/* All ASCII? 32 bytes at a time: most strings are, and then their check is this pass. It
+ * stops at the first 128 bytes with a byte that is not, so that text in other scripts, which
+ * utf8_avx2 reads next, is not read twice. */
 __attribute__((target("avx2"))) static int ascii_avx2(const uint8_t *s, size_t n) {
     __m256i acc = _mm256_setzero_si256();
     size_t i = 0;
+    for (; i + 128 <= n; i += 128) {
+        const __m256i *v = (const __m256i *)(s + i);
+        __m256i any = _mm256_or_si256(_mm256_or_si256(_mm256_loadu_si256(v), _mm256_loadu_si256(v + 1)),
+                                      _mm256_or_si256(_mm256_loadu_si256(v + 2), _mm256_loadu_si256(v + 3)));
+        if (_mm256_movemask_epi8(any)) return 0;
+    }
     for (; i + 32 <= n; i += 32) acc = _mm256_or_si256(acc, _mm256_loadu_si256((const __m256i *)(s + i)));
     uint8_t rest = 0;
     for (; i < n; i++) rest |= s[i];
@@ -177,22 +185,52 @@ static inline int utf8_valid(const uint8_t *s, size_t n) { return utf8_scalar(s,
 static inline int utf8_ascii(const uint8_t *s, size_t n) { return ascii_scalar(s, n); }
 #endif
 
-/* Strings back to back in data, string k at [off[k], off[k + 1]), k in [from, to): all valid
- * UTF-8? One pass over the bytes, then a look at each string's first byte, without a branch per
- * string (an empty string's "first byte" is the next one's, or none at the end: data[begin]
- * stands in, its result masked). */
-static inline int utf8_strings_valid(const uint8_t *data, const int32_t *off, int64_t from,
-                                     int64_t to) {
-    int32_t begin = off[from], end = off[to];
-    if (begin == end) return 1;
-    if (!utf8_valid(data + begin, (size_t)(end - begin))) return 0;
+/* 1 if any of strings k in [from, to) starts on a continuation byte (see utf8_strings_valid),
+ * without a branch per string: an empty string's "first byte" is the next one's, or none at the
+ * end, so data[begin] stands in for a string at or past `end`, its result masked. */
+static unsigned starts_bad_scalar(const uint8_t *data, const int32_t *off, int64_t from,
+                                  int64_t to, int32_t begin, int32_t end) {
     unsigned bad = 0;
     for (int64_t k = from; k < to; k++) {
         unsigned inside = off[k] < end;
         int32_t at = inside ? off[k] : begin;
         bad |= ((data[at] & 0xC0) == 0x80) & inside;
     }
-    return !bad;
+    return bad;
+}
+
+#ifdef UTF8_HAVE_AVX2
+/* The same, 8 strings a step: their first bytes fetched in one gather. A gather lane reads 4
+ * bytes from a string's first, so the steps stop where the 8th string starts within 3 bytes of
+ * `end` (then every string of the step starts before `end`, and nothing past it is read); the
+ * rest goes the scalar way. */
+__attribute__((target("avx2"))) static unsigned starts_bad_avx2(const uint8_t *data,
+                                                                const int32_t *off, int64_t from,
+                                                                int64_t to, int32_t begin,
+                                                                int32_t end) {
+    const __m256i top2 = _mm256_set1_epi32(0xC0), cont = _mm256_set1_epi32(0x80);
+    __m256i bad = _mm256_setzero_si256();
+    int64_t k = from;
+    for (; k + 8 <= to && off[k + 7] <= end - 4; k += 8) {
+        __m256i at = _mm256_loadu_si256((const __m256i *)(off + k));
+        __m256i first = _mm256_i32gather_epi32((const int *)data, at, 1);
+        bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(first, top2), cont));
+    }
+    return !_mm256_testz_si256(bad, bad) | starts_bad_scalar(data, off, k, to, begin, end);
+}
+#endif
+
+/* Strings back to back in data, string k at [off[k], off[k + 1]), k in [from, to): all valid
+ * UTF-8? One pass over the bytes, then a look at each string's first byte. */
+static inline int utf8_strings_valid(const uint8_t *data, const int32_t *off, int64_t from,
+                                     int64_t to) {
+    int32_t begin = off[from], end = off[to];
+    if (begin == end) return 1;
+    if (!utf8_valid(data + begin, (size_t)(end - begin))) return 0;
+#ifdef UTF8_HAVE_AVX2
+    if (utf8_use_avx2 > 0) return !starts_bad_avx2(data, off, from, to, begin, end);
+#endif
+    return !starts_bad_scalar(data, off, from, to, begin, end);
 }
 
 #endif
