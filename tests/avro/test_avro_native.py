@@ -196,6 +196,37 @@ def test_large_parts_merge_like_one_thread() -> None:
     assert all(one.slice(i, 1).to_pylist()[0] == records[i] for i in range(0, 180_000, 997))
 
 
+def test_fixed_width_fields_of_the_root_are_written_in_place_by_every_thread() -> None:
+    """Such a field's column is laid out for the whole batch before the threads start (a row
+    at its message's index): every thread's rows land there, from a list or an array, in
+    ranges cut or not; the same kinds elsewhere (in a record, an array) are merged."""
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "i", "type": "int"}, {"name": "l", "type": "long"},
+        {"name": "f", "type": "float"}, {"name": "d", "type": "double"},
+        {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A", "B", "C"]}},
+        {"name": "x", "type": {"type": "fixed", "name": "F", "size": 3}},
+        {"name": "o", "type": ["null", "long"]},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "s", "type": "string"},
+        {"name": "r", "type": {"type": "record", "name": "In", "fields": [
+            {"name": "l", "type": "long"}]}},
+        {"name": "a", "type": {"type": "array", "items": "double"}}]}
+    records = [{"i": -i, "l": i * 1_000_003, "f": float(i % 1000), "d": i / 7, "e": "ABC"[i % 3],
+                "x": (i % 16_777_216).to_bytes(3, "little"), "o": None if i % 4 == 0 else i,
+                "day": i % 30_000, "s": "s" * (i % 9), "r": {"l": -i},
+                "a": [i / 3] * (i % 3)} for i in range(40_000)]
+    messages = write(schema, records)
+    parsed = parse_schema(schema)
+    one, _ = decode_messages(messages, parsed, threads=1, native=True)
+    assert one.slice(39_990).to_pylist() == decode_messages(
+        messages[39_990:], parsed, native=False)[0].to_pylist()
+    for form in (messages, pa.array(messages, pa.binary())):
+        for threads in (2, 3, 4) * 3:
+            many, _ = decode_messages(form, parsed, threads=threads, native=True)
+            many.validate(full=True)
+            assert many.equals(one)
+
+
 def test_threads_out_of_work_cut_the_ranges_left() -> None:
     """A thread out of chunks takes the far half of another's range: batches decoded that way
     are the one thread's, and the first bad message, wherever it falls (in a range that was cut,

@@ -92,6 +92,26 @@ static void collect_empties(const Node *nodes, int i, Empty *out, int *count) {
         collect_empties(nodes, n->children[n->null_child], out, count);
 }
 
+/* Set Node.place: a field of the root with one value of a fixed width per record, and no other
+ * parent (so one value per message). 0, or -1 out of memory. */
+static int place_fields(Node *nodes, int n) {
+    int *parents = calloc((size_t)n + 1, sizeof(int));
+    if (!parents) return -1;
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < nodes[i].nchildren; k++) parents[nodes[i].children[k]]++;
+    for (int k = 0; n > 0 && nodes[0].kind == K_RECORD && k < nodes[0].nchildren; k++) {
+        Node *f = &nodes[nodes[0].children[k]];
+        if (parents[f->index] != 1) continue;
+        switch (f->kind) {
+        case K_INT: case K_ENUM: case K_FLOAT: f->place = 4; break;
+        case K_LONG: case K_DOUBLE: f->place = 8; break;
+        case K_FIXED: f->place = f->size <= 1 << 16 ? (int)f->size : 0; break;
+        }
+    }
+    free(parents);
+    return 0;
+}
+
 Node *cd_parse_plan(PyObject *plan, int *nnodes) {
     PyObject *seq = PySequence_Fast(plan, "plan must be a sequence");
     if (!seq) return NULL;
@@ -192,6 +212,10 @@ Node *cd_parse_plan(PyObject *plan, int *nnodes) {
                     break;
                 }
         }
+    }
+    if (place_fields(nodes, (int)n)) {
+        PyErr_NoMemory();
+        goto error;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         nodes[i].empties = calloc((size_t)n, sizeof(Empty));
@@ -349,6 +373,9 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
         c->step = c->step < 1 ? 1 : c->step > 64 ? 64 : c->step;
         start += bytes;
         if (cd_reset_cols(c)) failed_alloc = 1; /* offsets start at 0 */
+        /* one row per segment (no block counts): fixed-width fields need no merge */
+        if (nchunks > 1 && (list || lazy) && !failed_alloc && cd_place(ctxs, t, nsegs))
+            failed_alloc = 1;
     }
     int merge_err = failed_alloc;
     if (list) { /* the GIL kept: see ListIn */
@@ -408,6 +435,7 @@ static PyObject *run(PyObject *plan, Seg *segs, int64_t nsegs, int nthreads, int
         if (!idbuf) Py_DECREF(columns);
     }
 done:
+    cd_unplace(ctxs, nchunks);
     for (int t = 0; t < nchunks; t++) cd_free_cols(ctxs[t].cols, nnodes);
     free(ctxs);
     cd_blk_free(ids.p, ids.cap);

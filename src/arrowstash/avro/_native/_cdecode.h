@@ -58,6 +58,7 @@ typedef struct Node {
     struct Node **kids; /* the children as pointers */
     Empty *empties;     /* the columns an empty slot of this one appends to, in order */
     int nempties;
+    int place;          /* a fixed-width field of the root (its only parent): the width, else 0 */
     DecFn fn;           /* the value */
     DecFn entry;        /* fn, or the ["null", T] wrapper around it */
     uint8_t limit[32];  /* decimals: 10**precision, little-endian, param bytes */
@@ -108,6 +109,9 @@ typedef struct Ctx {
     int nnodes, validate_utf8, confluent;
     int strict_utf8; /* check each string as it is read (else whole columns after the range) */
     int utf8_bad;    /* a check of the strings read so far found invalid UTF-8 */
+    /* the columns of placed nodes (Node.place) are laid out in chunk 0's, a row at its
+     * segment's index: chunk 0 owns that memory, the others write their rows in place */
+    int placed;
     Col *cols;
     const uint8_t *start, *end;
     const Seg *segs;
@@ -141,6 +145,8 @@ void *cd_zalloc_lines(size_t size);
 /* _cdecode_batch.c: chunks decoded by threads, then merged into chunk 0's columns */
 int cd_decode_and_merge(Ctx *ctxs, int *nchunks, int cap, const Node *nodes, int nnodes,
                         int nhelpers);
+int cd_place(Ctx *ctxs, int t, int64_t nsegs);
+void cd_unplace(Ctx *ctxs, int nchunks);
 int cd_claim(Ctx *c, int64_t *stop);
 int64_t cd_list_mean(const ListIn *in);
 void cd_close_range(Ctx *c);

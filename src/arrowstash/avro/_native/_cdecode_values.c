@@ -597,7 +597,8 @@ void cd_presize(Ctx *c, int64_t done_bytes, int64_t left_bytes, double margin) {
         Col *col = &c->cols[i];
         Buf *bufs[4] = {&col->valid, &col->data, &col->offs, &col->tids};
         for (int k = 0; k < 4; k++)
-            if (bufs[k]->len) buf_reserve(bufs[k], (size_t)(bufs[k]->len * f) + 64);
+            if (bufs[k]->len && !(k == 1 && c->placed && c->nodes[i].place)) /* sized exactly */
+                buf_reserve(bufs[k], (size_t)(bufs[k]->len * f) + 64);
     }
 }
 
