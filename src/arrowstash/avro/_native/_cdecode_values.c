@@ -342,7 +342,7 @@ static inline __attribute__((always_inline)) const uint8_t *d_nullable(Ctx *c, c
 
 static inline __attribute__((always_inline)) const uint8_t *dec_any(Ctx *c, const Node *n,
                                                                     const uint8_t *p) {
-    Col *col = (Col *)((char *)c->cols + n->col_offset);
+    Col *col = COL(c, n);
     switch (n->op) { /* the kind, or ["null", kind]: one jump for both questions */
     case K_NULLABLE ... K_OPS - 1: return d_nullable(c, n, col, p);
     case K_STRING: return d_string(c, n, col, p);
