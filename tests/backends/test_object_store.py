@@ -178,6 +178,23 @@ def test_urls_and_reprs_carry_no_secrets(s3_server: S3Server) -> None:
     assert s3_server.SECRET not in str(failed.value)
 
 
+def test_gcs_and_azure_urls_open_their_clouds_stores() -> None:
+    """gs:// and az:// name obstore's GCS and Azure stores on that bucket or container and
+    prefix (made without a request: no cloud is reachable here); a key passed in stays out of
+    the backend's text."""
+    gcs = from_url("gs://my-bucket/cache/team")
+    assert isinstance(gcs, ObjectStoreBackend)
+    assert type(gcs._store).__name__ == "GCSStore"
+    assert repr(gcs._store) == 'GCSStore(bucket="my-bucket", prefix="cache/team")'
+    key = "c2VjcmV0LWtleS1mb3ItdGVzdHM="
+    azure = ObjectStoreBackend("az://my-container/cache", account_name="acct", account_key=key)
+    assert type(azure._store).__name__ == "AzureStore"
+    assert 'container_name="my-container"' in repr(azure._store)
+    assert 'prefix="cache"' in repr(azure._store)
+    for text in (repr(azure), azure.url):  # (stats() would list the container: a request)
+        assert key not in text
+
+
 def _put_seen(**options: Any) -> tuple[dict[str, str], bytes]:
     """The headers and body of the PUT that stores an entry, as a socket on a loopback port
     receives them (it answers like S3)."""
