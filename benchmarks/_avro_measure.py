@@ -64,9 +64,12 @@ def quiet_call(fn: Callable[[], Any]) -> tuple[Any, str]:
         os.close(saved)
 
 
-def interleaved(contenders: dict[str, Callable[[], Any]], rounds: int) -> dict[str, Result]:
+def interleaved(contenders: dict[str, Callable[[], Any]], rounds: int, pause: float = 0.0
+                ) -> dict[str, Result]:
     """Median wall and CPU seconds per contender, one call each per round in a shuffled order
-    (after one untimed call each, which also finds the contenders that cannot run)."""
+    (after one untimed call each, which also finds the contenders that cannot run); with
+    ``pause``, the process sleeps that many seconds (untimed) before each call, as a consumer
+    waits between polls."""
     failed = {}
     for name, fn in contenders.items():
         _, why = quiet_call(fn)
@@ -77,6 +80,8 @@ def interleaved(contenders: dict[str, Callable[[], Any]], rounds: int) -> dict[s
     cpus: dict[str, list[float]] = {n: [] for n in names}
     for order in shuffled_rounds(names, rounds):
         for name in order:
+            if pause:
+                time.sleep(pause)
             wall, cpu = time.perf_counter(), time.process_time()
             contenders[name]()
             cpus[name].append(time.process_time() - cpu)

@@ -657,6 +657,9 @@ static PyMethodDef methods[] = {
     {"scan_blocks", cd_scan_blocks, METH_VARARGS, "scan_blocks(data, pos, sync) -> (table, pos)"},
     {"cuts", cd_cuts, METH_NOARGS,
      "cuts() -> how many times a thread out of work has cut another's range, in this process"},
+    {"same_core", cd_same_core, METH_NOARGS,
+     "same_core() -> helper jobs that began on the core of the thread that woke them, in this "
+     "process"},
     {"native_inflate", cd_native_inflate, METH_NOARGS,
      "native_inflate() -> whether BlockStream can take deflated blocks (libdeflate is there)"},
     {NULL, NULL, 0, NULL},

@@ -152,6 +152,7 @@ int64_t cd_list_mean(const ListIn *in);
 void cd_close_range(Ctx *c);
 void cd_pool_init(void); /* once, at import: fork handlers for the kept helper threads */
 PyObject *cd_cuts(PyObject *self, PyObject *unused);
+PyObject *cd_same_core(PyObject *self, PyObject *unused);
 /* _cdecode_values.c */
 extern int64_t cd_free_items; /* see Ctx.free_left; set by set_free_items() */
 void cd_values_init(void);

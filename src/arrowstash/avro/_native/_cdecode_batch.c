@@ -313,6 +313,10 @@ PyObject *cd_cuts(PyObject *self, PyObject *unused) {
     return PyLong_FromLong(atomic_load(&cuts_made));
 }
 
+PyObject *cd_same_core(PyObject *self, PyObject *unused) {
+    return PyLong_FromLong(atomic_load(&pool_same_core));
+}
+
 static uint64_t pack(int64_t next, int64_t end) { return (uint64_t)next << 32 | (uint64_t)end; }
 static int64_t next_of(uint64_t w) { return (int64_t)(w >> 32); }
 static int64_t end_of(uint64_t w) { return (int64_t)(w & 0xffffffffu); }
@@ -509,9 +513,11 @@ static void help(void *arg) {
 
 /* Hand sh to n kept helpers (each holds a reference); fewer if threads cannot be started. */
 static void start_helpers(Shared *sh, int n) {
+    PoolPlace pl;
+    if (n > 0) pool_place(&pl, n);
     for (int h = 0; h < n; h++) {
         atomic_fetch_add(&sh->refs, 1);
-        if (pool_run(help, sh) != 0) {
+        if (pool_run(help, sh, &pl) != 0) {
             atomic_fetch_sub(&sh->refs, 1);
             break;
         }

@@ -140,9 +140,11 @@ static void parallel(void *(*fn)(void *), Task *tasks, int n) {
     pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
     pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
     long handed = 0;
+    PoolPlace pl;
+    if (n > 1) pool_place(&pl, n - 1);
     for (int k = 1; k < n; k++) {
         jobs[k] = (Job){fn, &tasks[k], &done, &mu, &cv};
-        if (pool_run(run_job, &jobs[k]) == 0) handed++;
+        if (pool_run(run_job, &jobs[k], &pl) == 0) handed++;
         else fn(&tasks[k]);
     }
     fn(&tasks[0]);
@@ -358,7 +360,14 @@ done:
     return result;
 }
 
+static PyObject *same_core(PyObject *self, PyObject *unused) {
+    return PyLong_FromLong(atomic_load(&pool_same_core));
+}
+
 static PyMethodDef methods[] = {
+    {"same_core", same_core, METH_NOARGS,
+     "same_core() -> helper jobs that began on the core of the thread that woke them, in this "
+     "process"},
     {"encode", py_encode, METH_VARARGS,
      "encode(plan, arrays, threads, guess) -> (data, offsets, large, size, error): the Avro "
      "datums of the rows of the Arrow arrays (C Data Interface capsules), one per row, back to "
