@@ -453,18 +453,18 @@ def test_a_stream_sizes_its_buffers_from_a_guess_and_refuses_misuse() -> None:
     for guess in (0, size // 10, size, size * 10):  # too small, right, too large: same batch
         fed = codec.decode_stream((([b], [n], guess) for b, n in blocks), schema)
         assert fed is not None and fed.equals(decode_blocks(blocks, schema))
-    stream = codec._cdecode.BlockStream(codec._compiled(parse_schema(schema)).native, True)
+    stream = codec._cdecode.BlockStream(codec._native_plan(parse_schema(schema)), True)
     assert stream.feed([blocks[0][0]], [100], 0)
     assert stream.finish() is not None
     with pytest.raises(RuntimeError, match="not ready"):
         stream.feed([blocks[1][0]], [100], 0)
     with pytest.raises(RuntimeError, match="not ready"):
         stream.finish()
-    bad = codec._cdecode.BlockStream(codec._compiled(parse_schema(schema)).native, True)
+    bad = codec._cdecode.BlockStream(codec._native_plan(parse_schema(schema)), True)
     assert not bad.feed([blocks[0][0][:-1]], [100], 0)  # truncated
     assert not bad.feed([blocks[1][0]], [100], 0)  # a good block after a bad one: still failed
     assert bad.finish() is None
-    fresh = codec._cdecode.BlockStream(codec._compiled(parse_schema(schema)).native, True)
+    fresh = codec._cdecode.BlockStream(codec._native_plan(parse_schema(schema)), True)
     with pytest.raises(ValueError, match="negative"):
         fresh.feed([b""], [-1], 0)
     with pytest.raises(ValueError, match="one count per block"):

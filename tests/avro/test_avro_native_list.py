@@ -23,8 +23,8 @@ SCHEMA = {"type": "record", "name": "R", "fields": [{"name": "s", "type": "strin
 
 
 def _call(messages: list[Any], counts: Any) -> Any:
-    plan = decoder_module._compiled(parse_schema(SCHEMA))
-    return decoder_module._cdecode.decode_list(plan.native, messages, counts, 1, True, False, 0)
+    plan = decoder_module._native_plan(parse_schema(SCHEMA))
+    return decoder_module._cdecode.decode_list(plan, messages, counts, 1, True, False, 0)
 
 
 def _message(text: str) -> bytes:

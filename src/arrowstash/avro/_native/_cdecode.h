@@ -165,8 +165,9 @@ void cd_run_range(Ctx *c);
 void cd_run_segments(Ctx *c);
 /* _cdecode.c */
 void cd_free_cols(Col *cols, int n);
-void cd_free_nodes(Node *nodes, int n);
-Node *cd_parse_plan(PyObject *plan, int *nnodes);
+/* A plan parsed once (Plan(plan_tuple)), its root a record; its nodes are read-only after. */
+typedef struct { PyObject_HEAD Node *nodes; int nnodes; } CPlan;
+extern PyTypeObject cd_PlanType;
 PyObject *cd_node_buffers(const Node *n, Col *col);
 /* _cdecode_blocks.c */
 extern PyTypeObject cd_StreamType;

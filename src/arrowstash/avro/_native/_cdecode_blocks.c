@@ -60,7 +60,8 @@ PyObject *cd_native_inflate(PyObject *self, PyObject *unused) {
 
 typedef struct {
     PyObject_HEAD
-    Node *nodes;
+    CPlan *plan; /* held: its nodes */
+    const Node *nodes;
     int nnodes, busy, failed, finished, presized;
     Ctx *ctx;
     int64_t done;     /* bytes decoded */
@@ -75,14 +76,15 @@ static void stream_dealloc(Stream *self) {
     free(self->inflated);
     if (self->ctx) cd_free_cols(self->ctx->cols, self->nnodes);
     free(self->ctx);
-    cd_free_nodes(self->nodes, self->nnodes);
+    Py_XDECREF(self->plan);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static int stream_init(Stream *self, PyObject *args, PyObject *kwds) {
-    PyObject *plan;
+    CPlan *plan;
     int validate_utf8, deflated = 0;
-    if (!PyArg_ParseTuple(args, "Op|p", &plan, &validate_utf8, &deflated)) return -1;
+    if (!PyArg_ParseTuple(args, "O!p|p", &cd_PlanType, &plan, &validate_utf8, &deflated))
+        return -1;
     if (self->nodes) {
         PyErr_SetString(PyExc_RuntimeError, "BlockStream is already initialised");
         return -1;
@@ -98,14 +100,10 @@ static int stream_init(Stream *self, PyObject *args, PyObject *kwds) {
             return -1;
         }
     }
-    int nnodes = 0;
-    Node *nodes = cd_parse_plan(plan, &nnodes);
-    if (!nodes) return -1;
-    self->nodes = nodes, self->nnodes = nnodes;
-    if (nnodes < 1 || nodes[0].kind != K_RECORD) {
-        PyErr_SetString(PyExc_ValueError, "bad plan: no root record");
-        return -1;
-    }
+    Py_INCREF(plan);
+    self->plan = plan;
+    const Node *nodes = self->nodes = plan->nodes;
+    int nnodes = self->nnodes = plan->nnodes;
     self->ctx = cd_zalloc_lines(sizeof(Ctx));
     if (!self->ctx) {
         PyErr_NoMemory();
