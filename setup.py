@@ -21,6 +21,7 @@ setup(
                 f"{NATIVE}/_cdecode_values.c",
                 f"{NATIVE}/_cdecode_batch.c",
                 f"{NATIVE}/_cdecode_blocks.c",
+                f"{NATIVE}/_cdecode_export.c",
             ],
             depends=[f"{NATIVE}/_cdecode.h", f"{NATIVE}/_pool.h", f"{NATIVE}/_reuse.h",
                      f"{NATIVE}/_utf8.h"],

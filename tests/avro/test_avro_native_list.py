@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from arrowstash import AvroDecodeError
-from arrowstash.avro import decode, decode_plan, parse_schema
+from arrowstash.avro import decode, parse_schema
 from arrowstash.avro import writer_decoder as decoder_module
 from arrowstash.avro.decoder import native_available
 
@@ -62,11 +62,11 @@ def test_a_message_replaced_after_it_was_taken_is_still_read() -> None:
         ms[0] = _message("other")
         ms[3] = _message("new")
 
-    status, columns, _ = _call(messages, Counts(messages, 1, replace))
+    status, exported, _ = _call(messages, Counts(messages, 1, replace))
     assert status == 0
     batch = decode([_message("x" * 40 + "0"), messages[1], messages[2], _message("new")], SCHEMA)
     plan = decoder_module._compiled(parse_schema(SCHEMA))
-    assert decode_plan.assemble(plan, columns).to_pylist() == batch.to_pylist()
+    assert decoder_module._imported(plan, exported).to_pylist() == batch.to_pylist()
 
 
 def test_list_and_tuple_and_other_sequences_decode_alike() -> None:

@@ -103,7 +103,19 @@ def _compiled(schema: Schema) -> decode_plan.Plan:
 def _native_plan(schema: Schema) -> Any:
     """The plan as the C decoder holds it, parsed once per schema (parsing it in every call
     took 146 us on a 300-field record: a tenth of decoding 500 such messages)."""
-    return _cdecode.Plan(_compiled(schema).native)
+    plan = _compiled(schema)
+    return _cdecode.Plan(plan.native, tuple(n.symbols for n in plan.nodes))
+
+
+def _imported(plan: decode_plan.Plan, exported: Any) -> pa.RecordBatch:
+    """The batch the C decoder handed over: through the Arrow C Data Interface, a capsule that
+    owns the root ArrowArray until the import moves it out, and its address; or, for a plan
+    nested deeper than Arrow's import goes (64 levels), per-node buffers, as the pure-Python
+    decoder gives them."""
+    if isinstance(exported, list):
+        return decode_plan.assemble(plan, exported)
+    _capsule, address = exported  # the capsule stays alive until the import has run
+    return pa.RecordBatch._import_from_c(address, plan.schema.arrow_schema)
 
 
 def decode_blocks(
@@ -125,9 +137,8 @@ def decode_blocks(
         counts = [n for _, n in segments]
         result = _cdecode.decode_list(_native_plan(plan.schema), buffers, counts, nthreads,
                                       validate_utf8, False, _MIN_BYTES_PER_THREAD)
-        columns, _ = _native_result(plan, result, blocks=True)
-    else:
-        columns, _ = _python(plan, segments, validate_utf8, False, blocks=True)
+        return _imported(plan, _native_result(plan, result, blocks=True)[0])
+    columns, _ = _python(plan, segments, validate_utf8, False, blocks=True)
     return decode_plan.assemble(plan, columns)
 
 
@@ -156,8 +167,8 @@ def decode_stream(
     for buffers, counts, left in batches:
         if not stream.feed(buffers, counts, left):
             return None
-    columns = stream.finish()
-    return None if columns is None else decode_plan.assemble(plan, columns)
+    exported = stream.finish()
+    return None if exported is None else _imported(plan, exported)
 
 
 def decode_deflated(
@@ -172,8 +183,8 @@ def decode_deflated(
     stream = _cdecode.BlockStream(_native_plan(plan.schema), validate_utf8, True)
     if not stream.feed(blocks, counts, 0, -1 if max_bytes is None else max_bytes):
         return None
-    columns = stream.finish()
-    return None if columns is None else decode_plan.assemble(plan, columns)
+    exported = stream.finish()
+    return None if exported is None else _imported(plan, exported)
 
 
 def scan_blocks(data: Any, pos: int, sync: bytes) -> tuple[memoryview, int] | None:
@@ -205,13 +216,13 @@ def decode_messages(
         if _cdecode is None:
             raise RuntimeError("the native Avro decoder is not built")
         result = _native_call(plan, messages, nthreads, validate_utf8, confluent)
-        columns, id_buffer = _native_result(plan, result, blocks=False)
-        n = columns[0][0]  # the root record's length: the row count
+        exported, id_buffer = _native_result(plan, result, blocks=False)
+        batch = _imported(plan, exported)
         ids = (
-            pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(id_buffer)])
+            pa.Array.from_buffers(pa.int32(), batch.num_rows, [None, pa.py_buffer(id_buffer)])
             if confluent else _NO_IDS
         )
-        return decode_plan.assemble(plan, columns), ids
+        return batch, ids
     columns, id_list = _python(plan, _segments(messages), validate_utf8, confluent, blocks=False)
     return decode_plan.assemble(plan, columns), pa.array(id_list, pa.int32())
 

@@ -252,32 +252,78 @@ error:
 /* -- the parsed plan: each call reading the plan's tuples again took 146 us on a 300-field
  * record (of 1.3 ms for 500 messages) */
 
+/* An enum's symbols (a tuple of `count` str) as an Arrow string array's buffers: 0, or -1 with
+ * an exception. */
+static int set_symbols(Symbols *s, PyObject *names, int64_t count) {
+    if (!PyTuple_Check(names) || PyTuple_GET_SIZE(names) != count) {
+        PyErr_SetString(PyExc_ValueError, "bad plan: an enum's symbols");
+        return -1;
+    }
+    if (!(s->offs = malloc((size_t)(count + 1) * sizeof(int32_t)))) goto no_memory;
+    s->offs[0] = 0;
+    for (int64_t k = 0; k < count; k++) {
+        Py_ssize_t len;
+        const char *text = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(names, k), &len);
+        if (!text) return -1;
+        uint8_t *data = realloc(s->data, s->len + (size_t)len + 1);
+        if (!data) goto no_memory;
+        s->data = data;
+        memcpy(s->data + s->len, text, (size_t)len);
+        s->len += (size_t)len;
+        if (s->len > INT32_MAX) {
+            PyErr_SetString(PyExc_ValueError, "an enum's symbols take more than 2 GiB");
+            return -1;
+        }
+        s->offs[k + 1] = (int32_t)s->len;
+    }
+    return 0;
+no_memory:
+    PyErr_NoMemory();
+    return -1;
+}
+
 static PyObject *cplan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     PyObject *plan;
     if (kwds && PyDict_GET_SIZE(kwds)) {
         PyErr_SetString(PyExc_TypeError, "Plan() takes no keyword arguments");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "O", &plan)) return NULL;
-    int n = 0;
-    Node *nodes = parse_plan(plan, &n);
-    if (!nodes) return NULL;
-    if (n < 1 || nodes[0].kind != K_RECORD) {
-        free_nodes(nodes, n);
-        PyErr_SetString(PyExc_ValueError, "bad plan: no root record");
-        return NULL;
-    }
+    PyObject *symbols;
+    if (!PyArg_ParseTuple(args, "OO!", &plan, &PyTuple_Type, &symbols)) return NULL;
     CPlan *self = (CPlan *)type->tp_alloc(type, 0);
-    if (!self) {
-        free_nodes(nodes, n);
-        return NULL;
+    if (!self) return NULL;
+    self->nodes = parse_plan(plan, &self->nnodes);
+    if (!self->nodes) goto error;
+    if (self->nnodes < 1 || self->nodes[0].kind != K_RECORD) {
+        PyErr_SetString(PyExc_ValueError, "bad plan: no root record");
+        goto error;
     }
-    self->nodes = nodes, self->nnodes = n;
+    if (PyTuple_GET_SIZE(symbols) != self->nnodes) {
+        PyErr_SetString(PyExc_ValueError, "bad plan: one tuple of symbols per node");
+        goto error;
+    }
+    if (!(self->symbols = calloc((size_t)self->nnodes, sizeof(Symbols)))) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    self->export_depth = cd_export_depth(self->nodes, 0);
+    for (int i = 0; i < self->nnodes; i++)
+        if (self->nodes[i].kind == K_ENUM &&
+            set_symbols(&self->symbols[i], PyTuple_GET_ITEM(symbols, i), self->nodes[i].param))
+            goto error;
     return (PyObject *)self;
+error:
+    Py_DECREF(self);
+    return NULL;
 }
 
 static void cplan_dealloc(CPlan *self) {
-    free_nodes(self->nodes, self->nnodes);
+    if (self->nodes) free_nodes(self->nodes, self->nnodes);
+    for (int i = 0; self->symbols && i < self->nnodes; i++) {
+        free(self->symbols[i].offs);
+        free(self->symbols[i].data);
+    }
+    free(self->symbols);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -288,10 +334,19 @@ PyTypeObject cd_PlanType = {
     .tp_dealloc = (destructor)cplan_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = cplan_new,
-    .tp_doc = "Plan(plan): a decode plan (decode_plan.Plan.native) parsed once, for every call.",
+    .tp_doc = "Plan(plan, symbols): a decode plan (decode_plan.Plan.native, and each node's enum "
+              "symbols) parsed once, for every call.",
 };
 
-PyObject *cd_node_buffers(const Node *n, Col *col) {
+
+/* -- the result ------------------------------------------------------------------------------
+ * Arrow's C import refuses trees nested 64 levels deep (pyarrow's kMaxImportRecursionLevel),
+ * and a schema may nest 128 (schema.MAX_DEPTH): a deeper plan hands its columns over as the
+ * pure-Python decoder does, per node, for decode_plan.assemble(). */
+#define IMPORT_MAX_DEPTH 63
+
+/* (length, nulls, [buffers]) of node n, in Arrow's layouts; the column's memory goes with it. */
+static PyObject *node_buffers(const Node *n, Col *col) {
     PyObject *validity = Py_None;
     Py_INCREF(Py_None);
     if (n->null_branch >= 0 && col->nulls) {
@@ -319,7 +374,24 @@ PyObject *cd_node_buffers(const Node *n, Col *col) {
     return Py_BuildValue("LLN", (long long)col->length, (long long)nulls, bufs);
 }
 
-/* Decode segs with nthreads; returns (0, columns, ids) or (1, code, seg, datum, off, node, detail). */
+/* The batch: cd_export's (capsule, address), or for a deeper plan a list of node_buffers'. */
+PyObject *cd_result(const CPlan *plan, Col *cols) {
+    if (plan->export_depth <= IMPORT_MAX_DEPTH) return cd_export(plan, cols);
+    PyObject *columns = PyList_New(plan->nnodes);
+    if (!columns) return NULL;
+    for (int i = 0; i < plan->nnodes; i++) {
+        PyObject *item = node_buffers(&plan->nodes[i], &cols[i]);
+        if (!item) {
+            Py_DECREF(columns);
+            return NULL;
+        }
+        PyList_SET_ITEM(columns, i, item);
+    }
+    return columns;
+}
+
+/* Decode segs with nthreads; returns (0, batch, ids) (cd_result) or (1, code, seg, datum, off,
+ * node, detail). */
 /* Bytes of the messages before message s. */
 static int64_t bytes_before(const Lazy *lz, int64_t s, int64_t nsegs, int64_t total) {
     return s < nsegs ? lz_off(lz, s) - lz_off(lz, 0) : total;
@@ -469,20 +541,11 @@ static PyObject *run(const CPlan *plan, Seg *segs, int64_t nsegs, int nthreads,
         goto done;
     }
     {
-        Col *cols = ctxs[0].cols;
-        PyObject *columns = PyList_New(nnodes);
-        if (!columns) goto done;
-        for (int i = 0; i < nnodes; i++) {
-            PyObject *item = cd_node_buffers(&nodes[i], &cols[i]);
-            if (!item) {
-                Py_DECREF(columns);
-                goto done;
-            }
-            PyList_SET_ITEM(columns, i, item);
-        }
+        PyObject *batch = cd_result(plan, ctxs[0].cols);
+        if (!batch) goto done;
         PyObject *idbuf = confluent ? take(&ids) : (Py_INCREF(Py_None), Py_None);
-        result = idbuf ? Py_BuildValue("iNN", 0, columns, idbuf) : NULL;
-        if (!idbuf) Py_DECREF(columns);
+        result = idbuf ? Py_BuildValue("iNN", 0, batch, idbuf) : NULL;
+        if (!idbuf) Py_DECREF(batch);
     }
 done:
     cd_unplace(ctxs, nchunks);

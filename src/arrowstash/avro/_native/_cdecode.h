@@ -66,6 +66,20 @@ typedef struct Node {
 
 typedef struct { uint8_t *p; size_t len, cap; } Buf;
 
+/* The Arrow C Data Interface's array (ABI-stable; from its specification, no Arrow headers). */
+struct ArrowArray {
+    int64_t length;
+    int64_t null_count;
+    int64_t offset;
+    int64_t n_buffers;
+    int64_t n_children;
+    const void **buffers;
+    struct ArrowArray **children;
+    struct ArrowArray *dictionary;
+    void (*release)(struct ArrowArray *);
+    void *private_data;
+};
+
 typedef struct Col {
     Buf valid, data, offs, tids; /* validity bits, values (or bits), int32 offsets, int8 ids */
     int64_t length, nulls;
@@ -165,10 +179,21 @@ void cd_run_range(Ctx *c);
 void cd_run_segments(Ctx *c);
 /* _cdecode.c */
 void cd_free_cols(Col *cols, int n);
-/* A plan parsed once (Plan(plan_tuple)), its root a record; its nodes are read-only after. */
-typedef struct { PyObject_HEAD Node *nodes; int nnodes; } CPlan;
+/* An enum's symbols as an Arrow string array's offsets and data. */
+typedef struct { int32_t *offs; uint8_t *data; size_t len; } Symbols;
+/* A plan parsed once (Plan(plan_tuple, symbols)), its root a record; read-only after. */
+typedef struct {
+    PyObject_HEAD
+    Node *nodes;
+    int nnodes;
+    int export_depth; /* levels of the ArrowArray tree below the root (cd_export_depth) */
+    Symbols *symbols;
+} CPlan;
 extern PyTypeObject cd_PlanType;
-PyObject *cd_node_buffers(const Node *n, Col *col);
+PyObject *cd_result(const CPlan *plan, Col *cols);
+/* _cdecode_export.c */
+int cd_export_depth(const Node *nodes, int i);
+PyObject *cd_export(const CPlan *plan, Col *cols);
 /* _cdecode_blocks.c */
 extern PyTypeObject cd_StreamType;
 PyObject *cd_scan_blocks(PyObject *self, PyObject *args);

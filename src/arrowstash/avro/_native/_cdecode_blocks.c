@@ -249,7 +249,7 @@ static PyObject *stream_feed(Stream *self, PyObject *args) {
     return result;
 }
 
-/* finish(): the columns, as decode_list's result gives them; None if a block was bad. */
+/* finish(): the batch, as decode_list's result gives it (cd_result); None if a block was bad. */
 static PyObject *stream_finish(Stream *self, PyObject *unused) {
     if (!self->ctx || self->finished || self->busy) {
         PyErr_SetString(PyExc_RuntimeError, "BlockStream is not ready to finish");
@@ -257,24 +257,14 @@ static PyObject *stream_finish(Stream *self, PyObject *unused) {
     }
     self->finished = 1;
     if (self->failed) Py_RETURN_NONE;
-    PyObject *columns = PyList_New(self->nnodes);
-    if (!columns) return NULL;
-    for (int i = 0; i < self->nnodes; i++) {
-        PyObject *item = cd_node_buffers(&self->nodes[i], &self->ctx->cols[i]);
-        if (!item) {
-            Py_DECREF(columns);
-            return NULL;
-        }
-        PyList_SET_ITEM(columns, i, item);
-    }
-    return columns;
+    return cd_result(self->plan, self->ctx->cols);
 }
 
 static PyMethodDef stream_methods[] = {
     {"feed", (PyCFunction)stream_feed, METH_VARARGS,
      "feed(blocks, counts, bytes_left[, max_done]) -> whether every block so far was good"},
     {"finish", (PyCFunction)stream_finish, METH_NOARGS,
-     "finish() -> the columns, or None if a block was bad"},
+     "finish() -> the batch as decode_list gives it, or None if a block was bad"},
     {NULL, NULL, 0, NULL},
 };
 
