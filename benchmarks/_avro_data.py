@@ -105,6 +105,13 @@ EVENTS = {
 SCHEMAS: dict[str, dict[str, Any]] = {
     "pyruhvro": PYRUHVRO, "flat": FLAT, "userdata": USERDATA, "events": EVENTS}
 
+# A wide record (the small-batch table only): 200 fields cycling through long, nullable
+# string, double, string, nullable long and boolean, as wide event or CDC tables have.
+WIDE_TYPES: list[Any] = ["long", ["null", "string"], "double", "string", ["null", "long"],
+                         "boolean"]
+WIDE = {"type": "record", "name": "Wide", "namespace": "bench",
+        "fields": [{"name": f"f{i}", "type": WIDE_TYPES[i % 6]} for i in range(200)]}
+
 FIRST = ["Ada", "Grace", "Alan", "Edsger", "Barbara", "Donald", "Frances", "Ken", "Leslie"]
 LAST = ["Lovelace", "Hopper", "Turing", "Dijkstra", "Liskov", "Knuth", "Allen", "Thompson"]
 WORDS = ["red", "green", "blue", "sale", "new", "promo", "mobile", "web", "eu", "us", "beta"]
@@ -220,13 +227,22 @@ def event_record(t: Text) -> dict[str, Any]:
     }
 
 
+def wide_record(t: Text) -> dict[str, Any]:
+    rng = t.rng
+    make: list[Callable[[], Any]] = [
+        lambda: rng.randrange(10**12), lambda: None if rng.random() < 0.3 else t.word(),
+        rng.random, t.first, lambda: None if rng.random() < 0.5 else rng.randrange(1000),
+        lambda: rng.random() < 0.5]
+    return {f"f{i}": make[i % 6]() for i in range(200)}
+
+
 RECORDS: dict[str, Callable[[Text], dict[str, Any]]] = {
     "pyruhvro": pyruhvro_record, "flat": flat_record, "userdata": userdata_record,
-    "events": event_record}
+    "events": event_record, "wide": wide_record}
 
 
 def records(schema: str, unicode: bool, n: int, seed: int = 5) -> list[dict[str, Any]]:
-    """``n`` seeded records of ``schema`` (a key of SCHEMAS)."""
+    """``n`` seeded records of ``schema`` (a key of SCHEMAS, or "wide")."""
     text = Text(random.Random(f"{seed}-{schema}-{unicode}"), unicode)
     make = RECORDS[schema]
     return [make(text) for _ in range(n)]

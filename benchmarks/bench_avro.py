@@ -19,7 +19,9 @@ threads of the process) and callgrind's instruction count (all threads; counted 
 messages and scaled, as the table says), then the ratios: pyruhvro's and fastavro's figure over
 this row's (above 1: this row is faster). A last table decodes each workload again with every
 call after a 20 ms sleep (untimed), as a consumer decodes after waiting for its next poll: the
-other core has been idle, which changes where the system wakes a helper thread. Targets
+other core has been idle, which changes where the system wakes a helper thread; another decodes
+batches of 100, 500 and 5,000 messages (and a 200-field record's), where a call's fixed cost
+shows. Targets
 (issue 22) close the run with PASS/FAIL;
 ``--quick`` (20,000 messages, 5 rounds, no callgrind: for CI) reports them but never fails the
 process, and only the full run's verdicts count (they are defined on 100,000 messages).
@@ -28,6 +30,7 @@ process, and only the full run's verdicts count (they are defined on 100,000 mes
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import os
@@ -45,7 +48,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _avro_data import SCHEMAS, messages, records
+from _avro_data import SCHEMAS, WIDE, messages, records
 from _avro_measure import (
     Result,
     Timing,
@@ -329,6 +332,46 @@ def print_paused(rows: list[str]) -> None:
         print(row)
 
 
+# -- small batches ----------------------------------------------------------------------------
+
+SMALL = (100, 500, 5_000)  # a consumer's poll (Kafka clients' max.poll.records: 500)
+
+
+def repeated(fn: Callable[[], Any], k: int) -> Callable[[], None]:
+    def calls() -> None:
+        for _ in range(k):
+            fn()
+    return calls
+
+
+def per_batch(t: Timing | None, k: int, why: str) -> str:
+    return f"{t.wall / k * 1e6:,.1f} / {t.cpu / k * 1e6:,.1f}" if t else f"fails: {why}"
+
+
+def small_batches(rounds: int) -> None:
+    """Decode with one thread on batches of SMALL messages, ours and pyruhvro's, each schema
+    with ASCII text and a 200-field record: the fixed cost of a call, which the 100,000-message
+    tables hide. A call is timed as a loop of calls worth ~20,000 messages."""
+    print("\n### Small batches: decode, 1 thread, list of bytes, µs per batch (wall / CPU)\n")
+    print(f"| workload | messages | {US} | {PR} | {PR} ÷ {US} (wall / CPU) |")
+    print("|---|---:|---:|---:|---:|")
+    for name, schema in {**SCHEMAS, "wide (200 fields)": WIDE}.items():
+        all_msgs = messages(schema, records(name.split()[0], False, max(SMALL)))
+        parsed, text = parse_schema(schema), json.dumps(schema)
+        for n in SMALL:
+            msgs, k = all_msgs[:n], max(1, 20_000 // n)
+            contenders = {US: repeated(functools.partial(decode, msgs, parsed, threads=1), k)}
+            if pyruhvro is not None:
+                contenders[PR] = repeated(
+                    functools.partial(pyruhvro.deserialize_array_threaded, msgs, text, 1), k)
+            results = interleaved(contenders, rounds)
+            us, pr = speed(results, US), speed(results, PR)
+            x = f"{pr.wall / us.wall:.2f}x / {pr.cpu / us.cpu:.2f}x" if us and pr else "—"
+            why = str(results.get(PR, "not installed"))
+            print(f"| {name}, ASCII | {n:,} | {per_batch(us, k, why)} | {per_batch(pr, k, why)} "
+                  f"| {x} |")
+
+
 # -- container files (issue 5) ----------------------------------------------------------------
 
 def bench_ocf(n: int, few: int, rounds: int, folder: Path, codec: str) -> Verdict:
@@ -480,6 +523,8 @@ def main() -> None:
             verdicts += [bench_ocf(n, few, rounds, Path(folder), c) for c in ("null", "deflate")]
     print_summary(summary)
     print_paused(pauses)
+    if args.only is None:
+        small_batches(rounds)
     print_verdicts(verdicts)
     print(f"\nload average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
           f"{time.perf_counter() - start:.0f} s. Missed targets are reported, never an exit "
