@@ -724,3 +724,19 @@ def test_nulls_over_bytes_of_their_own_in_nullable_leaves() -> None:
     expected = fastavro_bytes(schema, records)
     for start in (0, 1, 39):
         assert encode(batch.slice(start), schema).to_pylist() == expected[start:]
+
+
+def test_the_scratch_guess_is_the_rows_size_even_for_a_slice_of_a_large_table() -> None:
+    """The guess sums the buffers (cheap in pyarrow), which a slice shares with its whole
+    table: past 64 MiB it takes the rows' exact size instead."""
+    strings = pa.array(["x" * 1000] * 100_000)  # 100 MB of string data
+    batch = pa.record_batch({"s": strings, "n": pa.array(range(100_000), pa.int64())})
+    small = batch.slice(500, 10)
+    guess = encoder_module._scratch_guess([small], 10)
+    assert guess < 64 * 1024, guess  # 10 rows of ~1 KB, not the table's 100 MB
+    assert encoder_module._scratch_guess([batch], 100_000) >= batch.nbytes
+    whole = pa.record_batch({"s": pa.array(["ab"] * 1000)})
+    assert encoder_module._scratch_guess([whole], 1000) >= whole.nbytes
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "s", "type": "string"}, {"name": "n", "type": "long"}]}
+    assert decode(encode(small, schema), schema).to_pylist() == small.to_pylist()
