@@ -62,7 +62,7 @@ def encode(data: Any, schema: SchemaLike, *, threads: int | None = None) -> Any:
     n_threads = _thread_count(threads, row)
     capsules = [a.__arrow_c_array__()[1] for a in arrays]
     data, offsets, large, _, error = native.encode(
-        plan.native, capsules, n_threads, _scratch_guess(arrays, row)
+        _native_plan(plan), capsules, n_threads, _scratch_guess(arrays, row)
     )
     if error is not None:
         raise _describe_native_error(plan, _normalized(plan, batches), error)
@@ -98,6 +98,12 @@ except ImportError:  # pragma: no cover - depends on the build
 def _compiled(schema: Schema, input_schema: Any) -> Plan:
     """Plans are compiled once per (schema, input Arrow schema): small batches stay cheap."""
     return compile_plan(schema.root, input_schema)
+
+
+@functools.lru_cache(maxsize=64)
+def _native_plan(plan: Plan) -> Any:
+    """The plan as the C encoder holds it, parsed once per plan rather than in every call."""
+    return _cencode.Plan(plan.native)
 
 
 _last: tuple[Schema, Plan] | None = None

@@ -194,15 +194,57 @@ static PyObject *block_take(uint8_t **p, int64_t len, size_t cap) {
     return (PyObject *)o;
 }
 
+/* ---------------------------------------------------------------- the parsed plan */
+
+/* Plan(plan_tuple): a plan parsed once, for every call (each call parsed it again: a node
+ * allocated per node and a string per enum symbol, every time). Read-only once made. */
+typedef struct {
+    PyObject_HEAD
+    Node root;
+    int parsed;
+} EPlan;
+
+static PyObject *eplan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *plan;
+    if ((kwds && PyDict_GET_SIZE(kwds)) || !PyArg_ParseTuple(args, "O!", &PyTuple_Type, &plan)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "Plan(plan) takes one tuple");
+        return NULL;
+    }
+    EPlan *self = (EPlan *)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    self->parsed = 1; /* freed even if half parsed: ce_free_node takes what was allocated */
+    if (ce_parse_node(plan, &self->root) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static void eplan_dealloc(EPlan *self) {
+    if (self->parsed) ce_free_node(&self->root);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject EPlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "arrowstash.avro._native._cencode.Plan",
+    .tp_basicsize = sizeof(EPlan),
+    .tp_dealloc = (destructor)eplan_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = eplan_new,
+    .tp_doc = "Plan(plan): an encode plan (encode_plan.Plan.native) parsed once, for every call.",
+};
+
 /* encode(plan, capsules, threads, guess)
  *   -> (data, offsets, large, size, None) or (None, None, 0, 0, (row, node, code, value)):
  * thread 0's scratch has `guess` bytes, the others' guess / threads. */
 static PyObject *py_encode(PyObject *self, PyObject *args) {
-    PyObject *plan, *caps;
+    EPlan *plan;
+    PyObject *caps;
     int n_threads;
     long long guess;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!O!iL", &PyTuple_Type, &plan, &PyList_Type, &caps, &n_threads,
+    if (!PyArg_ParseTuple(args, "O!O!iL", &EPlanType, &plan, &PyList_Type, &caps, &n_threads,
                           &guess))
         return NULL;
     int n_segs = (int)PyList_GET_SIZE(caps);
@@ -210,7 +252,7 @@ static PyObject *py_encode(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "between 1 and 256 threads, and a guess >= 0");
         return NULL;
     }
-    Node root;
+    const Node *root = &plan->root;
     Segment *segs = NULL;
     Task *tasks = NULL;
     Shared sh;
@@ -218,7 +260,6 @@ static PyObject *py_encode(PyObject *self, PyObject *args) {
     uint8_t *ends = NULL, *offs = NULL, *data = NULL;
     PyObject *data_obj = NULL, *offs_obj = NULL, *result = NULL;
     memset(&sh, 0, sizeof(sh));
-    if (ce_parse_node(plan, &root) < 0) goto done;
     segs = calloc((size_t)n_segs + 1, sizeof(Segment));
     tasks = calloc((size_t)n_threads, sizeof(Task));
     if (segs == NULL || tasks == NULL) {
@@ -233,7 +274,7 @@ static PyObject *py_encode(PyObject *self, PyObject *args) {
             PyErr_NoMemory();
             goto done;
         }
-        if (ce_bind(segs[s].root, &root, a, 0) < 0) goto done;
+        if (ce_bind(segs[s].root, root, a, 0) < 0) goto done;
         segs[s].n_cols = ce_flatten(segs[s].root, 0, NULL);
         segs[s].cols = calloc((size_t)segs[s].n_cols, sizeof(Column));
         if (segs[s].cols == NULL) {
@@ -356,7 +397,6 @@ done:
             }
     free(tasks);
     free(segs);
-    ce_free_node(&root);
     return result;
 }
 
@@ -380,6 +420,11 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cencode",
 
 PyMODINIT_FUNC PyInit__cencode(void) {
     pool_init();
-    if (PyType_Ready(&BlockType) < 0) return NULL;
-    return PyModule_Create(&module);
+    if (PyType_Ready(&BlockType) < 0 || PyType_Ready(&EPlanType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddObjectRef(m, "Plan", (PyObject *)&EPlanType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -26,13 +26,14 @@ int ce_parse_node(PyObject *t, Node *n) {
         PyErr_Format(PyExc_ValueError, "unknown plan node kind %d", n->kind);
         return -1;
     }
-    n->n_kids = (int)PyTuple_GET_SIZE(kids);
-    if (n->n_kids) {
-        n->kids = calloc((size_t)n->n_kids, sizeof(Node));
+    int n_kids = (int)PyTuple_GET_SIZE(kids);
+    if (n_kids) {
+        n->kids = calloc((size_t)n_kids, sizeof(Node));
         if (n->kids == NULL) {
             PyErr_NoMemory();
             return -1;
         }
+        n->n_kids = n_kids; /* only now: ce_free_node walks the kids */
         for (int k = 0; k < n->n_kids; k++)
             if (ce_parse_node(PyTuple_GET_ITEM(kids, k), &n->kids[k]) < 0) return -1;
     }
