@@ -740,3 +740,22 @@ def test_the_scratch_guess_is_the_rows_size_even_for_a_slice_of_a_large_table() 
     schema = {"type": "record", "name": "R", "fields": [
         {"name": "s", "type": "string"}, {"name": "n", "type": "long"}]}
     assert decode(encode(small, schema), schema).to_pylist() == small.to_pylist()
+
+
+def test_a_record_plan_keeps_its_checked_fields_and_checks_other_types_again() -> None:
+    """The struct of normalised columns is built with the fields of the last type that passed
+    the layout check; columns of another type fall back to the check, never to a wrong layout."""
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "s", "type": "string"}, {"name": "e", "type": {
+            "type": "enum", "name": "E", "symbols": ["A", "B"]}}, {"name": "n", "type": "long"}]}
+    batch = pa.record_batch({"s": ["x", "y"], "e": ["B", "A"],
+                             "n": pa.array([1, 2], pa.int8())})  # int8 for a long: normalised
+    out = encode(batch, schema)
+    plan = encoder_module._plan_for(parse_schema(schema), batch.schema)
+    assert plan.fields is not None
+    kept = [f.type for f in plan.fields]
+    plan.fields = [pa.field(f.name, pa.int8()) for f in plan.fields]  # another type's fields
+    assert encode(batch, schema).equals(out)
+    assert [f.type for f in plan.fields] == kept
+    assert decode(out, schema).to_pylist() == [{"s": "x", "e": "B", "n": 1},
+                                               {"s": "y", "e": "A", "n": 2}]

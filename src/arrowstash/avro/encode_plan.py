@@ -84,6 +84,7 @@ class Plan:
     normalize_columns: list[tuple[str, Normalize]]  # input column name -> normalise
     arrow_type: Any  # the normalised type of the array root reads
     checked: set[Any] = field(default_factory=set)  # normalised types seen to fit arrow_type
+    fields: list[Any] | None = None  # a record's: the fields of the last struct type checked
     #: fields the input has no column for: their default, as a column of a given length
     defaults: dict[str, Callable[[int], Any]] = field(default_factory=dict)
     input_schema: Any = None  # the pa.Schema compiled against

@@ -168,17 +168,30 @@ def _normalize(plan: Plan, batch: Any, first_row: int) -> Any:
             message = _message_at(norm, column, row) or exc.message
             where = f"row {first_row + row}, column {exc.path!r}"
             raise AvroEncodeError(f"{where}: {message}") from None
-    if plan.root.kind == K_RECORD:
-        names = [name for name, _ in plan.normalize_columns]
-        fields = [pa.field(n, c.type) for n, c in zip(names, columns, strict=True)]
-        top = pa.StructArray.from_arrays(columns, fields=fields)
-    else:
-        top = columns[0]
-    if top.type not in plan.checked:  # the C encoder trusts the layout: checked once per type
-        if not same_layout(top.type, plan.arrow_type):
-            raise AssertionError(f"normalised {top.type} lacks the layout {plan.arrow_type}")
-        plan.checked.add(top.type)
+    if plan.root.kind != K_RECORD:
+        _check_layout(plan, columns[0].type)
+        return columns[0]
+    if plan.fields is not None:
+        # the fields of the last struct type that passed the check: Arrow refuses columns of
+        # other types, and looking the type up in plan.checked (hashing it) took 6 us a call
+        try:
+            return pa.StructArray.from_arrays(columns, fields=plan.fields)
+        except pa.ArrowInvalid:
+            pass  # a column of another type than last time: that type is checked below
+    names = [name for name, _ in plan.normalize_columns]
+    fields = [pa.field(n, c.type) for n, c in zip(names, columns, strict=True)]
+    top = pa.StructArray.from_arrays(columns, fields=fields)
+    _check_layout(plan, top.type)
+    plan.fields = fields
     return top
+
+
+def _check_layout(plan: Plan, normalised: Any) -> None:
+    """The C encoder trusts the layout: each normalised type is checked once against it."""
+    if normalised not in plan.checked:
+        if not same_layout(normalised, plan.arrow_type):
+            raise AssertionError(f"normalised {normalised} lacks the layout {plan.arrow_type}")
+        plan.checked.add(normalised)
 
 
 def _first_bad_row(norm: Any, column: Any) -> int:
