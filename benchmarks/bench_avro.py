@@ -473,6 +473,18 @@ def events_rate(results: dict[str, Result], n: int) -> Verdict:
             None if rate is None else rate >= KAFKA_RECORDS_PER_S)
 
 
+def stolen_seconds() -> float | None:
+    """Seconds of steal time so far, all cores (/proc/stat; None elsewhere): on a virtual
+    machine, time the host ran something else while this guest wanted the CPU, which moves
+    wall times (and two-thread ratios most) without any change in the code."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true",
@@ -496,6 +508,7 @@ def main() -> None:
           f"{rounds} rounds, {n:,} messages, arrowstash decoder: "
           f"{'native' if native_available() else 'pure Python (extension not built)'}")
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    steal = stolen_seconds()
     start = time.perf_counter()
     data: dict[Workload, list[bytes]] = {}
     firsts: dict[Workload, list[dict[str, Any]]] = {}
@@ -526,6 +539,9 @@ def main() -> None:
     if args.only is None:
         small_batches(rounds)
     print_verdicts(verdicts)
+    if steal is not None and (now := stolen_seconds()) is not None:
+        print(f"\nCPU time the hypervisor gave other guests during the run (steal, all cores): "
+              f"{now - steal:.1f} s")
     print(f"\nload average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
           f"{time.perf_counter() - start:.0f} s. Missed targets are reported, never an exit "
           "status: the verdicts are read from the tables.")
