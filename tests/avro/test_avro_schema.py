@@ -405,3 +405,23 @@ def test_java_inner_class_namespaces_with_dollar_are_accepted() -> None:
 def test_dollar_stays_out_of_names_fields_and_empty_namespace_parts(spec: Any) -> None:
     with pytest.raises(AvroSchemaError, match=r"invalid (field )?name"):
         parse_schema(spec)
+
+
+def test_a_schema_given_again_is_not_parsed_again_unless_it_changed() -> None:
+    """Equal JSON text, and the same unchanged dict, give the Schema parsed the first time; a
+    dict changed in place is parsed again (decode and encode parse what they are given in
+    every call)."""
+    from arrowstash.avro import schema as schema_module
+
+    record = {"type": "record", "name": "Again", "fields": [{"name": "a", "type": "long"}]}
+    first = parse_schema(record)
+    assert parse_schema(record) is first
+    text = json.dumps(record)
+    assert parse_schema(json.dumps(record)) is parse_schema(text)
+    record["fields"].append({"name": "b", "type": "string"})  # changed in place
+    changed = parse_schema(record)
+    assert changed is not first and [f.name for f in changed.root.fields] == ["a", "b"]
+    assert [f.name for f in first.root.fields] == ["a"]
+    for i in range(200):  # the memory of them stays bounded
+        parse_schema({"type": "record", "name": f"R{i}", "fields": []})
+    assert len(schema_module._RECENT) <= schema_module._RECENT_MAX

@@ -9,6 +9,7 @@ type, as the specification requires; their attributes stay in ``props``.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import re
@@ -146,10 +147,32 @@ class PrunedSchema(Schema):
 SchemaLike = str | bytes | Mapping[str, Any] | list[Any] | Schema
 
 
+# Schemas parsed lately, by their JSON text, or by the id of the dict or list given along with a
+# copy of it: parsing pyruhvro's benchmark schema took 0.37 ms and a 200-field record's 2.1 ms,
+# in every call handed a dict or JSON text, where decoding 100 such messages takes 0.03 ms. A
+# copy is used only while the object given still equals it (a dict changed in place, or another
+# at a freed one's address, is parsed again).
+_RECENT: dict[Any, tuple[Any, Schema]] = {}
+_RECENT_MAX = 64
+
+
 def parse_schema(schema: SchemaLike) -> Schema:
-    """Parse a JSON string, a dict, a list (a union) or return an already parsed ``Schema``."""
+    """Parse a JSON string, a dict, a list (a union) or return an already parsed ``Schema``
+    (the same one as for the last equal text or unchanged object: see _RECENT)."""
     if isinstance(schema, Schema):
         return schema
+    key = schema if isinstance(schema, (str, bytes)) else id(schema)
+    hit = _RECENT.get(key)
+    if hit is not None and type(hit[0]) is type(schema) and hit[0] == schema:
+        return hit[1]
+    parsed = _parse(schema)
+    if len(_RECENT) >= _RECENT_MAX:
+        _RECENT.pop(next(iter(_RECENT), None), None)  # the oldest
+    _RECENT[key] = (schema if isinstance(schema, (str, bytes)) else copy.deepcopy(schema), parsed)
+    return parsed
+
+
+def _parse(schema: SchemaLike) -> Schema:
     obj: Any = schema
     if isinstance(schema, (str, bytes)):
         text = schema.decode() if isinstance(schema, bytes) else schema
