@@ -4,8 +4,9 @@ Run it from the repository root::
 
     python benchmarks/bench_avro.py [--quick] [--rounds N] [--callgrind | --no-callgrind]
 
-Every contender gets the same input object. Decoding: a Python ``list`` of ``bytes``, one
-datum per message, as a Kafka client hands them over (pyruhvro takes nothing else); the
+Every contender gets the same input object, and arrowstash and pyruhvro the same schema object
+in every call: its JSON text, the form pyruhvro takes. Decoding: a Python ``list`` of ``bytes``,
+one datum per message, as a Kafka client hands them over (pyruhvro takes nothing else); the
 ``pa.BinaryArray`` rows are arrowstash on another input form, for comparison. Encoding: one
 record batch, pyruhvro's decode of the messages (its Arrow mapping, which arrowstash's encoder
 also takes); the "own batch" row is arrowstash on its own decode's mapping. fastavro runs at its
@@ -88,15 +89,15 @@ def label(schema: str, unicode: bool) -> str:
 
 def decode_contenders(name: str, msgs: list[bytes], few: int) -> dict[str, Callable[[], Any]]:
     schema = SCHEMAS[name]
-    parsed, text = parse_schema(schema), json.dumps(schema)
+    text = json.dumps(schema)  # every contender's schema: the JSON text pyruhvro takes
     array = pa.array(msgs, pa.binary())
     fa_schema = fastavro.parse_schema(schema)
     subset = msgs[:few]
     out: dict[str, Callable[[], Any]] = {
-        f"{US}, 1 thread": lambda: decode(msgs, parsed, threads=1),
-        f"{US}, 2 threads": lambda: decode(msgs, parsed, threads=2),
-        f"{US}, BinaryArray, 1 thread": lambda: decode(array, parsed, threads=1),
-        f"{US}, BinaryArray, 2 threads": lambda: decode(array, parsed, threads=2),
+        f"{US}, 1 thread": lambda: decode(msgs, text, threads=1),
+        f"{US}, 2 threads": lambda: decode(msgs, text, threads=2),
+        f"{US}, BinaryArray, 1 thread": lambda: decode(array, text, threads=1),
+        f"{US}, BinaryArray, 2 threads": lambda: decode(array, text, threads=2),
     }
     if pyruhvro is not None:
         out[f"{PR}, 1 thread"] = lambda: pyruhvro.deserialize_array_threaded(msgs, text, 1)
@@ -122,7 +123,7 @@ def encode_input(name: str, msgs: list[bytes]) -> tuple[pa.RecordBatch, pa.Recor
 def encode_contenders(name: str, msgs: list[bytes], rows: list[dict[str, Any]], few: int
                       ) -> tuple[dict[str, Callable[[], Any]], str]:
     schema = SCHEMAS[name]
-    parsed, text = parse_schema(schema), json.dumps(schema)
+    text = json.dumps(schema)
     batch, own, source = encode_input(name, msgs)
     fa_schema = fastavro.parse_schema(schema)
     subset = rows[:few]
@@ -136,9 +137,9 @@ def encode_contenders(name: str, msgs: list[bytes], rows: list[dict[str, Any]], 
         return out
 
     out: dict[str, Callable[[], Any]] = {
-        f"{US}, 1 thread": lambda: encode(batch, parsed, threads=1),
-        f"{US}, 2 threads": lambda: encode(batch, parsed, threads=2),
-        f"{US}, own batch, 1 thread": lambda: encode(own, parsed, threads=1),
+        f"{US}, 1 thread": lambda: encode(batch, text, threads=1),
+        f"{US}, 2 threads": lambda: encode(batch, text, threads=2),
+        f"{US}, own batch, 1 thread": lambda: encode(own, text, threads=1),
     }
     if pyruhvro is not None:
         out[f"{PR}, 1 thread"] = lambda: pyruhvro.serialize_record_batch(batch, text, 1)
@@ -291,10 +292,10 @@ def paused(w: Workload, msgs: list[bytes], rounds: int) -> tuple[str, Verdict]:
     """Decode with 1 and 2 threads, ours and pyruhvro's, each call after the process slept
     PAUSE seconds: as a consumer calls it between polls, with the other core idle meanwhile.
     Returns a summary row and the scaling target's verdict."""
-    parsed, text = parse_schema(SCHEMAS[w[0]]), json.dumps(SCHEMAS[w[0]])
+    text = json.dumps(SCHEMAS[w[0]])
     contenders: dict[str, Callable[[], Any]] = {
-        f"{US}, 1 thread": lambda: decode(msgs, parsed, threads=1),
-        f"{US}, 2 threads": lambda: decode(msgs, parsed, threads=2),
+        f"{US}, 1 thread": lambda: decode(msgs, text, threads=1),
+        f"{US}, 2 threads": lambda: decode(msgs, text, threads=2),
     }
     if pyruhvro is not None:
         contenders[f"{PR}, 1 thread"] = lambda: pyruhvro.deserialize_array_threaded(msgs, text, 1)
@@ -357,10 +358,10 @@ def small_batches(rounds: int) -> None:
     print("|---|---:|---:|---:|---:|")
     for name, schema in {**SCHEMAS, "wide (200 fields)": WIDE}.items():
         all_msgs = messages(schema, records(name.split()[0], False, max(SMALL)))
-        parsed, text = parse_schema(schema), json.dumps(schema)
+        text = json.dumps(schema)
         for n in SMALL:
             msgs, k = all_msgs[:n], max(1, 20_000 // n)
-            contenders = {US: repeated(functools.partial(decode, msgs, parsed, threads=1), k)}
+            contenders = {US: repeated(functools.partial(decode, msgs, text, threads=1), k)}
             if pyruhvro is not None:
                 contenders[PR] = repeated(
                     functools.partial(pyruhvro.deserialize_array_threaded, msgs, text, 1), k)
