@@ -349,13 +349,14 @@ def per_batch(t: Timing | None, k: int, why: str) -> str:
     return f"{t.wall / k * 1e6:,.1f} / {t.cpu / k * 1e6:,.1f}" if t else f"fails: {why}"
 
 
-def small_batches(rounds: int) -> None:
+def small_batches(rounds: int) -> list[str]:
     """Decode with one thread on batches of SMALL messages, ours and pyruhvro's, each schema
     with ASCII text and a 200-field record: the fixed cost of a call, which the 100,000-message
-    tables hide. A call is timed as a loop of calls worth ~20,000 messages."""
-    print("\n### Small batches: decode, 1 thread, list of bytes, µs per batch (wall / CPU)\n")
-    print(f"| workload | messages | {US} | {PR} | {PR} ÷ {US} (wall / CPU) |")
-    print("|---|---:|---:|---:|---:|")
+    tables hide. A call is timed as a loop of calls worth ~20,000 messages. Returns the table's
+    lines."""
+    lines = ["\n### Small batches: decode, 1 thread, list of bytes, µs per batch (wall / CPU)\n",
+             f"| workload | messages | {US} | {PR} | {PR} ÷ {US} (wall / CPU) |",
+             "|---|---:|---:|---:|---:|"]
     for name, schema in {**SCHEMAS, "wide (200 fields)": WIDE}.items():
         all_msgs = messages(schema, records(name.split()[0], False, max(SMALL)))
         text = json.dumps(schema)
@@ -369,8 +370,9 @@ def small_batches(rounds: int) -> None:
             us, pr = speed(results, US), speed(results, PR)
             x = f"{pr.wall / us.wall:.2f}x / {pr.cpu / us.cpu:.2f}x" if us and pr else "—"
             why = str(results.get(PR, "not installed"))
-            print(f"| {name}, ASCII | {n:,} | {per_batch(us, k, why)} | {per_batch(pr, k, why)} "
-                  f"| {x} |")
+            lines.append(f"| {name}, ASCII | {n:,} | {per_batch(us, k, why)} "
+                         f"| {per_batch(pr, k, why)} | {x} |")
+    return lines
 
 
 # -- container files (issue 5) ----------------------------------------------------------------
@@ -439,12 +441,19 @@ def cg_main(argv: list[str]) -> None:
 
 # -- main -------------------------------------------------------------------------------------
 
-def run_workload(w: Workload, msgs: list[bytes], rows: list[dict[str, Any]], rounds: int,
-                 instr: dict[str, float] | str, plot: str | None = None
-                 ) -> tuple[list[Verdict], dict[str, Result]]:
-    name, few = w[0], len(rows)
-    contenders, counts, source = contenders_of(name, msgs, rows, few)
-    results = interleaved(contenders, rounds)
+def measure_workload(w: Workload, msgs: list[bytes], rows: list[dict[str, Any]], rounds: int
+                     ) -> tuple[dict[str, Result], dict[str, int], str]:
+    """Every contender of one workload, interleaved: (results, messages each handles, what the
+    encoders get)."""
+    contenders, counts, source = contenders_of(w[0], msgs, rows, len(rows))
+    return interleaved(contenders, rounds), counts, source
+
+
+def report_workload(w: Workload, msgs: list[bytes], few: int,
+                    measured: tuple[dict[str, Result], dict[str, int], str],
+                    instr: dict[str, float] | str, plot: str | None = None) -> list[Verdict]:
+    """One workload's tables and charts, and its targets' verdicts."""
+    name, (results, counts, source) = w[0], measured
     size = sum(map(len, msgs)) / len(msgs)
     title = label(*w)
     head = f"{title}: {len(msgs):,} messages of {size:.1f} bytes on average, per {PER:,}"
@@ -462,7 +471,7 @@ def run_workload(w: Workload, msgs: list[bytes], rows: list[dict[str, Any]], rou
     same = encode(decode(msgs, parse_schema(SCHEMAS[name]), threads=1), SCHEMAS[name])
     print(f"arrowstash's encode of its decode is byte-identical to fastavro's messages: "
           f"{'yes' if same.to_pylist() == msgs else 'NO'}")
-    return workload_targets(title, results), results
+    return workload_targets(title, results)
 
 
 def events_rate(results: dict[str, Result], n: int) -> Verdict:
@@ -516,29 +525,33 @@ def main() -> None:
     for w in ((s, u) for s in SCHEMAS for u in (False, True) if args.only in (None, s)):
         rows = records(*w, n)
         data[w], firsts[w] = messages(SCHEMAS[w[0]], rows), rows[:few]
+    # every timing first, then the instruction counts: two callgrind children at once kept both
+    # cores busy for two minutes, and the timings taken after that ran slower (the host gave
+    # the guest less time: steal), two-thread ones most
+    measured = {w: measure_workload(w, msgs, firsts[w], rounds) for w, msgs in data.items()}
+    verdicts: list[Verdict] = []
+    pauses: list[str] = []
+    for w, msgs in data.items():
+        row, verdict = paused(w, msgs, rounds)
+        pauses.append(row)
+        verdicts.append(verdict)
+    small = small_batches(rounds) if args.only is None else []
     with tempfile.TemporaryDirectory() as folder:
+        if args.only is None:
+            verdicts += [bench_ocf(n, few, rounds, Path(folder), c) for c in ("null", "deflate")]
         count = args.callgrind if args.callgrind is not None else not args.quick
         instr = (counts_of(data, few, Path(folder)) if count
                  else dict.fromkeys(data, "not run (--quick or --no-callgrind)"))
-        verdicts: list[Verdict] = []
-        summary: list[str] = []
-        pauses: list[str] = []
-        for w, msgs in data.items():
-            v, results = run_workload(w, msgs, firsts[w], rounds, instr[w], args.plot)
-            verdicts += v
-            summary.append(summary_row(label(*w), results, instr[w]))
-            if w == ("events", False):
-                verdicts.append(events_rate(results, n))
-        for w, msgs in data.items():
-            row, verdict = paused(w, msgs, rounds)
-            pauses.append(row)
-            verdicts.append(verdict)
-        if args.only is None:
-            verdicts += [bench_ocf(n, few, rounds, Path(folder), c) for c in ("null", "deflate")]
+    summary: list[str] = []
+    for w, msgs in data.items():
+        verdicts += report_workload(w, msgs, few, measured[w], instr[w], args.plot)
+        summary.append(summary_row(label(*w), measured[w][0], instr[w]))
+        if w == ("events", False):
+            verdicts.append(events_rate(measured[w][0], n))
     print_summary(summary)
     print_paused(pauses)
-    if args.only is None:
-        small_batches(rounds)
+    for line in small:
+        print(line)
     print_verdicts(verdicts)
     if steal is not None and (now := stolen_seconds()) is not None:
         print(f"\nCPU time the hypervisor gave other guests during the run (steal, all cores): "
