@@ -422,6 +422,10 @@ def test_a_schema_given_again_is_not_parsed_again_unless_it_changed() -> None:
     changed = parse_schema(record)
     assert changed is not first and [f.name for f in changed.root.fields] == ["a", "b"]
     assert [f.name for f in first.root.fields] == ["a"]
+    from types import MappingProxyType
+
+    frozen = MappingProxyType({"type": "record", "name": "Frozen", "fields": []})
+    assert parse_schema(frozen).json == parse_schema(frozen).json  # not copied, parsed each time
     for i in range(200):  # the memory of them stays bounded
         parse_schema({"type": "record", "name": f"R{i}", "fields": []})
     assert len(schema_module._RECENT) <= schema_module._RECENT_MAX

@@ -166,9 +166,13 @@ def parse_schema(schema: SchemaLike) -> Schema:
     if hit is not None and type(hit[0]) is type(schema) and hit[0] == schema:
         return hit[1]
     parsed = _parse(schema)
+    try:
+        kept = schema if isinstance(schema, (str, bytes)) else copy.deepcopy(schema)
+    except Exception:  # a mapping that cannot be copied (a mappingproxy): parsed every time
+        return parsed
     if len(_RECENT) >= _RECENT_MAX:
         _RECENT.pop(next(iter(_RECENT), None), None)  # the oldest
-    _RECENT[key] = (schema if isinstance(schema, (str, bytes)) else copy.deepcopy(schema), parsed)
+    _RECENT[key] = (kept, parsed)
     return parsed
 
 
