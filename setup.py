@@ -24,7 +24,7 @@ setup(
                 f"{NATIVE}/_cdecode_export.c",
             ],
             depends=[f"{NATIVE}/_cdecode.h", f"{NATIVE}/_pool.h", f"{NATIVE}/_reuse.h",
-                     f"{NATIVE}/_utf8.h"],
+                     f"{NATIVE}/_utf8.h", f"{NATIVE}/_arrow_c.h"],
             extra_compile_args=["-O3", "-pthread", "-Wall", "-Wno-missing-field-initializers"],
             extra_link_args=["-pthread"],
             libraries=["dl"],  # dlopen: libdeflate, where the system has it
@@ -37,7 +37,8 @@ setup(
                 f"{NATIVE}/_encode_rows.c",
                 f"{NATIVE}/_encode_bind.c",
             ],
-            depends=[f"{NATIVE}/_encode.h", f"{NATIVE}/_pool.h", f"{NATIVE}/_reuse.h"],
+            depends=[f"{NATIVE}/_encode.h", f"{NATIVE}/_pool.h", f"{NATIVE}/_reuse.h",
+                     f"{NATIVE}/_arrow_c.h"],
             extra_compile_args=["-O3", "-pthread", "-Wall", "-Wno-missing-field-initializers"],
             extra_link_args=["-pthread"],
             optional=True,

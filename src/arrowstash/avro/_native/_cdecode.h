@@ -18,6 +18,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "_arrow_c.h"
+
 enum { K_NULL, K_BOOL, K_INT, K_LONG, K_FLOAT, K_DOUBLE, K_BYTES, K_STRING, K_FIXED, K_ENUM,
        K_UUID_STR, K_DEC_BYTES, K_DEC_FIXED, K_DURATION, K_RECORD, K_ARRAY, K_MAP, K_UNION,
        K_SKIP /* read past a value of kind param (a field the reader drops) */,
@@ -65,20 +67,6 @@ typedef struct Node {
 } Node;
 
 typedef struct { uint8_t *p; size_t len, cap; } Buf;
-
-/* The Arrow C Data Interface's array (ABI-stable; from its specification, no Arrow headers). */
-struct ArrowArray {
-    int64_t length;
-    int64_t null_count;
-    int64_t offset;
-    int64_t n_buffers;
-    int64_t n_children;
-    const void **buffers;
-    struct ArrowArray **children;
-    struct ArrowArray *dictionary;
-    void (*release)(struct ArrowArray *);
-    void *private_data;
-};
 
 typedef struct Col {
     Buf valid, data, offs, tids; /* validity bits, values (or bits), int32 offsets, int8 ids */

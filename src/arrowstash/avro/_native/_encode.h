@@ -19,19 +19,7 @@
 #error "the Avro encoder copies little-endian Arrow values as Avro's little-endian floats"
 #endif
 
-/* The Arrow C Data Interface (ABI-stable; copied from its specification, no Arrow headers). */
-struct ArrowArray {
-    int64_t length;
-    int64_t null_count;
-    int64_t offset;
-    int64_t n_buffers;
-    int64_t n_children;
-    const void **buffers;
-    struct ArrowArray **children;
-    struct ArrowArray *dictionary;
-    void (*release)(struct ArrowArray *);
-    void *private_data;
-};
+#include "_arrow_c.h"
 
 /* Node kinds: keep in step with KIND_* in _encode.py. */
 enum {
