@@ -216,7 +216,7 @@ __attribute__((target("avx2"))) static unsigned starts_bad_avx2(const uint8_t *d
         __m256i first = _mm256_i32gather_epi32((const int *)data, at, 1);
         bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(first, top2), cont));
     }
-    return !_mm256_testz_si256(bad, bad) | starts_bad_scalar(data, off, k, to, begin, end);
+    return (!_mm256_testz_si256(bad, bad)) | starts_bad_scalar(data, off, k, to, begin, end);
 }
 #endif
 
