@@ -103,7 +103,7 @@ static void reuse_sys_free(void *p, size_t cap) {
 
 /* Give the end of a block of *cap bytes, of which `used` are needed, back to the system;
  * returns the block (maybe moved) and sets *cap, or returns NULL and leaves both as they were. */
-static void *reuse_sys_shrink(void *p, size_t *cap, size_t used) {
+static inline void *reuse_sys_shrink(void *p, size_t *cap, size_t used) {
 #ifdef REUSE_MAP
     if (*cap >= REUSE_MIN) {
         size_t keep = reuse_round(used ? used : 1, REUSE_GRAIN);
