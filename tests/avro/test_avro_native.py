@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 from typing import Any
 
 import pyarrow as pa
@@ -655,3 +656,28 @@ def test_batches_decoded_at_once_from_several_threads_share_the_helpers() -> Non
     for w in workers:
         w.join()
     assert results == [True] * 240
+
+
+def test_a_chunked_array_decodes_as_one_array_read_in_place() -> None:
+    """A table's column is a ChunkedArray: its chunks (sliced, with a null message in a later
+    one) decode as the one array they make, and the first bad message is named by its index
+    in the whole column, as the pure-Python decoder names it."""
+    schema = {"type": "record", "name": "R", "fields": [{"name": "s", "type": "string"}]}
+    messages: list[bytes | None] = list(write(schema, [{"s": f"v{i}"} for i in range(30)]))
+    whole = pa.array(messages, pa.binary())
+    chunked = pa.chunked_array([whole.slice(0, 7), whole.slice(7, 1), whole.slice(8)])
+    assert both(chunked, schema) == both(whole, schema)
+    assert both(pa.chunked_array([whole]), schema)[0][0].equals(both(whole, schema)[0][0])
+    messages[12] = None
+    broken = pa.array(messages, pa.binary())
+    native, python = both(pa.chunked_array([broken.slice(0, 10), broken.slice(10)]), schema)
+    assert native == python and "message 12 " in native
+    many = pa.array(write(schema, [{"s": f"v{i}"} for i in range(20_000)]), pa.binary())
+    column = pa.chunked_array([many.slice(0, 5_000), many.slice(5_000)])
+    tracemalloc.start()
+    try:
+        decode_messages(column, parse_schema(schema), native=True)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 200_000, peak  # no Python object per message (a memoryview each: ~4 MB)

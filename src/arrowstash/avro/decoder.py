@@ -38,8 +38,9 @@ def decode(
     """Decode one Avro datum per message into one record batch (one row per message).
 
     ``messages``: a sequence of bytes-like objects, a ``pyarrow`` ``BinaryArray`` or
-    ``LargeBinaryArray`` (read in place over its buffers; a null message is an error), or a
-    ``(buffer, offsets)`` pair where message ``i`` is ``buffer[offsets[i]:offsets[i + 1]]``.
+    ``LargeBinaryArray`` (read in place over its buffers; a null message is an error) or a
+    ``ChunkedArray`` of one (several chunks are concatenated first), or a ``(buffer, offsets)``
+    pair where message ``i`` is ``buffer[offsets[i]:offsets[i + 1]]``.
     ``confluent=True`` checks and strips the Confluent header (magic byte 0 + 4-byte schema id);
     ``schema_id_column`` then names an extra int32 column holding each message's schema id.
     ``reader_schema`` resolves the decoded batch to that schema (the specification's schema

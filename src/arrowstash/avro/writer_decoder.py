@@ -273,7 +273,14 @@ def _native_call(
     offsets, or the list itself (the C side takes each item's memory through the buffer
     protocol)."""
     args = (nthreads, validate_utf8, confluent, _MIN_BYTES_PER_THREAD)
-    if isinstance(messages, pa.Array) and not isinstance(messages, pa.ChunkedArray):
+    if isinstance(messages, pa.ChunkedArray):
+        # one array (a table's column is chunked): a lone chunk is read in place, several are
+        # concatenated first, a copy of the input that costs a fraction of the decode; a
+        # memoryview per message through the general path was 32x slower (100 ms against 3.1
+        # for 100,000 flat messages)
+        one = messages.num_chunks == 1
+        messages = messages.chunk(0) if one else messages.combine_chunks()
+    if isinstance(messages, pa.Array):
         if not (pa.types.is_binary(messages.type) or pa.types.is_large_binary(messages.type)):
             raise TypeError(f"messages must be a binary array, not {messages.type}")
         validity, offsets, data = messages.buffers()
@@ -292,9 +299,7 @@ def _native_call(
         return _cdecode.decode_concat(
             _native_plan(plan.schema), buffer, offs, 8, 0, max(len(offs) - 1, 0), None, *args
         )
-    if isinstance(messages, pa.ChunkedArray):
-        messages = [m for m, _ in _segments(messages)]
-    elif isinstance(messages, (bytes, bytearray, memoryview, str)):
+    if isinstance(messages, (bytes, bytearray, memoryview, str)):
         raise TypeError("messages must be a sequence of messages, not one bytes object")
     return _cdecode.decode_list(_native_plan(plan.schema), messages, None, *args)
 
