@@ -402,3 +402,27 @@ def test_generated_schema_evolutions_resolve_like_fastavro(data: st.DataObject) 
     expected = _fastavro([fastavro.schemaless_reader(io.BytesIO(m), parsed) for m in messages],
                          json.loads(w.json), reader)
     assert _plain(ours.to_pylist(maps_as_pydicts="strict")) == _plain(expected)
+
+
+def test_a_type_the_reader_shares_with_the_writer_passes_through_uncopied() -> None:
+    """A reader that only adds a field leaves the other columns as decoded (the same buffers);
+    a type whose canonical form matches but whose logical type differs is still converted."""
+    writer = {"type": "record", "name": "R", "fields": [
+        {"name": "u", "type": ["null", "string", "int"]},
+        {"name": "m", "type": {"type": "map", "values": {"type": "array", "items": "long"}}},
+        {"name": "t", "type": {"type": "long", "logicalType": "timestamp-millis"}}]}
+    reader = {**writer, "fields": [
+        *writer["fields"][:2], {"name": "t", "type": "long"},
+        {"name": "extra", "type": "int", "default": 7}]}
+    rows = [{"u": [None, "a", 3][i % 3], "m": {"k": [i, i + 1]}, "t": i} for i in range(50)]
+    messages = strategies.write(writer, rows)
+    plain = decode(messages, writer)
+    read = resolve(plain, writer, reader)
+    assert read.equals(decode(messages, writer, reader_schema=reader))
+    for name in ("u", "m"):
+        assert [b.address if b else None for b in read.column(name).buffers()] == [
+            b.address if b else None for b in plain.column(name).buffers()]
+    assert read.column("t").type == pa.int64()
+    assert read.column("t").to_pylist() == list(range(50))
+    assert read.column("extra").to_pylist() == [7] * 50
+    assert read.column("u").to_pylist() == [[None, "a", 3][i % 3] for i in range(50)]

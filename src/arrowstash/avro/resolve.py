@@ -21,6 +21,7 @@ resolution fails only for some data (a union branch or enum symbol the reader la
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +53,7 @@ from arrowstash.avro.schema import (
     Union,
     describe,
     parse_schema,
+    type_canonical_form,
 )
 from arrowstash.avro.writer_decoder import decode_messages
 from arrowstash.errors import AvroDecodeError, AvroSchemaError
@@ -256,11 +258,24 @@ class _Reads:
 # -- resolution ----------------------------------------------------------------------------------
 
 def _resolve(arr: pa.Array, w: AvroType, r: AvroType, path: str) -> pa.Array:
+    same = _unchanged(w, r)
+    if same is not None and arr.type == same:
+        return arr  # one type on both sides: the writer's values are the reader's, in place
     if isinstance(w, Union):
         return _from_union(arr, w, r, path)
     if isinstance(r, Union):
         return _to_union(arr, w, r, path)
     return _plain(arr, w, r, path)
+
+
+@functools.lru_cache(maxsize=4096)
+def _unchanged(w: AvroType, r: AvroType) -> pa.DataType | None:
+    """The Arrow type of ``r`` if ``w`` and ``r`` have one Parsing Canonical Form, else None.
+    The form leaves logical types out: the caller compares the Arrow types too. Rebuilding
+    unchanged nested columns (unions, lists, maps, enums) took 4 ms of a 16 ms decode of
+    100,000 records of pyruhvro's schema read with a reader that only adds a field. Types are
+    keyed by identity, and a parsed schema's types are kept (schema.parse_schema)."""
+    return arrow_type(r) if type_canonical_form(w) == type_canonical_form(r) else None
 
 
 def _to_union(arr: pa.Array, w: AvroType, r: Union, path: str) -> pa.Array:

@@ -512,6 +512,12 @@ def _short(obj: Any) -> str:
 # -- writing back: the Parsing Canonical Form (the normalised JSON is types.py's full_json) -------
 
 
+def type_canonical_form(t: AvroType) -> str:
+    """The Parsing Canonical Form of one type of a parsed schema (canonical_form's, for a part:
+    a named type inside it is written out in full the first time)."""
+    return _canonical(t, set())
+
+
 def _canonical(t: AvroType, seen: set[str]) -> str:
     """Parsing Canonical Form: fullnames, only parsing attributes in fixed order, no spaces."""
     dumps = json.dumps  # ensure_ascii=False keeps non-ASCII characters themselves ([STRINGS])
