@@ -217,6 +217,14 @@ def speed(results: dict[str, Result], key: str) -> Timing | None:
     return r if isinstance(r, Timing) else None
 
 
+def scaling(what: str, one: Timing | None, two: Timing | None) -> Verdict:
+    """Two threads at least SCALING times one (``what``: which decodes, after the target)."""
+    target = f"2 threads >= {SCALING}x 1 thread{what}"
+    if one is None or two is None:
+        return target, "not measured", None
+    return target, f"{one.wall / two.wall:.2f}x", one.wall >= SCALING * two.wall
+
+
 def workload_targets(title: str, results: dict[str, Result]) -> list[Verdict]:
     """The issue's targets on one workload (wall time decides; CPU time is shown beside)."""
     out: list[Verdict] = []
@@ -233,8 +241,7 @@ def workload_targets(title: str, results: dict[str, Result]) -> list[Verdict]:
     one = speed(results, f"decode: {US}, 1 thread")
     two = speed(results, f"decode: {US}, 2 threads")
     if one and two:
-        out.append((f"2 threads >= {SCALING}x 1 thread, list of bytes, {title}",
-                    f"{one.wall / two.wall:.2f}x", one.wall >= SCALING * two.wall))
+        out.append(scaling(f", list of bytes, {title}", one, two))
     for t in ("1 thread", "2 threads"):
         lst = speed(results, f"decode: {US}, {t}")
         arr = speed(results, f"decode: {US}, BinaryArray, {t}")
@@ -292,15 +299,9 @@ def paused(w: Workload, msgs: list[bytes], rounds: int) -> tuple[str, Verdict]:
     """Decode with 1 and 2 threads, ours and pyruhvro's, each call after the process slept
     PAUSE seconds: as a consumer calls it between polls, with the other core idle meanwhile.
     Returns a summary row and the scaling target's verdict."""
-    text = json.dumps(SCHEMAS[w[0]])
-    contenders: dict[str, Callable[[], Any]] = {
-        f"{US}, 1 thread": lambda: decode(msgs, text, threads=1),
-        f"{US}, 2 threads": lambda: decode(msgs, text, threads=2),
-    }
-    if pyruhvro is not None:
-        contenders[f"{PR}, 1 thread"] = lambda: pyruhvro.deserialize_array_threaded(msgs, text, 1)
-        contenders[f"{PR}, 2 threads"] = lambda: pyruhvro.deserialize_array_threaded(msgs, text, 2)
-    results = interleaved(contenders, rounds, PAUSE)
+    every = decode_contenders(w[0], msgs, 1)
+    names = [f"{who}, {t}" for who in (US, PR) for t in ("1 thread", "2 threads")]
+    results = interleaved({k: every[k] for k in names if k in every}, rounds, PAUSE)
     per = PER / len(msgs) * 1e3
     cells = []
     for who in (US, PR):
@@ -312,12 +313,8 @@ def paused(w: Workload, msgs: list[bytes], rounds: int) -> tuple[str, Verdict]:
             cells += ["—", "—", "—"]
     ours, theirs = speed(results, f"{US}, 2 threads"), speed(results, f"{PR}, 2 threads")
     cells.append(ratio(theirs.wall if theirs else None, ours.wall if ours else None))
-    one = speed(results, f"{US}, 1 thread")
-    target = (f"2 threads >= {SCALING}x 1 thread after a {PAUSE * 1e3:.0f} ms pause, list of "
-              f"bytes, {label(*w)}")
-    verdict: Verdict = (target, "not measured", None)
-    if one and ours:
-        verdict = (target, f"{one.wall / ours.wall:.2f}x", one.wall >= SCALING * ours.wall)
+    verdict = scaling(f" after a {PAUSE * 1e3:.0f} ms pause, list of bytes, {label(*w)}",
+                      speed(results, f"{US}, 1 thread"), ours)
     return f"| {label(*w)} | {' | '.join(cells)} |", verdict
 
 
