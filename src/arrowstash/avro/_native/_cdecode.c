@@ -306,7 +306,7 @@ static PyObject *cplan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         PyErr_NoMemory();
         goto error;
     }
-    self->export_depth = cd_export_depth(self->nodes, 0);
+    self->export_depth = cd_export_shape(self->nodes, 0, &self->export_arrays, &self->export_kids);
     for (int i = 0; i < self->nnodes; i++)
         if (self->nodes[i].kind == K_ENUM &&
             set_symbols(&self->symbols[i], PyTuple_GET_ITEM(symbols, i), self->nodes[i].param))

@@ -174,13 +174,14 @@ typedef struct {
     PyObject_HEAD
     Node *nodes;
     int nnodes;
-    int export_depth; /* levels of the ArrowArray tree below the root (cd_export_depth) */
+    int export_depth;               /* the ArrowArray tree below the root (cd_export_shape): */
+    int export_arrays, export_kids; /* its levels, arrays and child slots */
     Symbols *symbols;
 } CPlan;
 extern PyTypeObject cd_PlanType;
 PyObject *cd_result(const CPlan *plan, Col *cols);
 /* _cdecode_export.c */
-int cd_export_depth(const Node *nodes, int i);
+int cd_export_shape(const Node *nodes, int i, int *arrays, int *kids);
 PyObject *cd_export(const CPlan *plan, Col *cols);
 /* _cdecode_blocks.c */
 extern PyTypeObject cd_StreamType;

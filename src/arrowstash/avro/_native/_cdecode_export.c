@@ -155,29 +155,19 @@ static void fill(Exporter *ex, struct ArrowArray *a, Part *part, int i) {
     }
 }
 
-/* Arrays below the root: every kept node, plus a dictionary per enum and entries per map. */
-static void count(const Node *nodes, int i, int *arrays, int *kids) {
+/* The exported tree below node i's array, as fill() builds it: its levels (returned), and the
+ * arrays (every kept node, a dictionary per enum, entries per map) and child slots it takes,
+ * added to *arrays and *kids. Walked once, when the plan is made. */
+int cd_export_shape(const Node *nodes, int i, int *arrays, int *kids) {
     const Node *n = &nodes[i];
-    if (n->kind == K_ENUM) ++*arrays;
-    if (n->kind == K_MAP) ++*arrays, ++*kids;
-    if (n->kind == K_NULL || n->kind == K_ENUM || n->kind == K_RAW) return;
-    if (n->kind < K_RECORD) return;
-    for (int k = 0; k < n->nchildren; k++) {
-        if (nodes[n->children[k]].kind == K_SKIP) continue;
-        ++*arrays, ++*kids;
-        count(nodes, n->children[k], arrays, kids);
-    }
-}
-
-/* Levels of the exported tree below node i's array (as fill() builds it). */
-int cd_export_depth(const Node *nodes, int i) {
-    const Node *n = &nodes[i];
-    if (n->kind == K_ENUM) return 1;
+    if (n->kind == K_ENUM) return ++*arrays, 1;
     if (n->kind == K_NULL || n->kind == K_RAW || n->kind < K_RECORD) return 0;
+    if (n->kind == K_MAP) ++*arrays, ++*kids;
     int deepest = 0;
     for (int k = 0; k < n->nchildren; k++) {
         if (nodes[n->children[k]].kind == K_SKIP) continue;
-        int d = 1 + cd_export_depth(nodes, n->children[k]);
+        ++*arrays, ++*kids;
+        int d = 1 + cd_export_shape(nodes, n->children[k], arrays, kids);
         if (d > deepest) deepest = d;
     }
     return n->kind == K_MAP ? deepest + 1 : deepest;
@@ -192,8 +182,7 @@ static void drop_root(PyObject *capsule) {
 /* (capsule, address): the capsule owns the root ArrowArray at address until it is released
  * (an import moves it out, leaving it released); NULL with an exception out of memory. */
 PyObject *cd_export(const CPlan *plan, Col *cols) {
-    int narrays = 0, nkids = 0;
-    count(plan->nodes, 0, &narrays, &nkids);
+    int narrays = plan->export_arrays, nkids = plan->export_kids;
     Block *block = calloc(1, sizeof(Block));
     struct ArrowArray *root = calloc(1, sizeof(struct ArrowArray));
     if (block) {
